@@ -1,0 +1,121 @@
+"""Building blocks: embeddings, positions, the position-wise feed-forward
+network, and residual connections with LayerNorm in either order."""
+from typing import Callable
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from flax import linen as nn
+
+from jaxformer.model.config import ModelConfig
+
+
+def sinusoidal_positions(max_len: int, d_model: int) -> np.ndarray:
+  """The paper's table: PE[pos, 2i] = sin(pos / 10000^(2i/d_model)),
+  PE[pos, 2i+1] = cos(pos / 10000^(2i/d_model)).
+
+  Returns:
+    [max_len, d_model] float32.
+  """
+  position = np.arange(max_len, dtype=np.float64)[:, None]
+  two_i = np.arange(0, d_model, 2, dtype=np.float64)[None, :]
+  angle = position / np.power(10000.0, two_i / d_model)
+  table = np.zeros((max_len, d_model), dtype=np.float64)
+  table[:, 0::2] = np.sin(angle)
+  table[:, 1::2] = np.cos(angle[:, : d_model // 2])
+  return table.astype(np.float32)
+
+
+class Embed(nn.Module):
+  """Token embedding, scaled by sqrt(d_model); `attend` reuses the table as
+  the output projection (tied embeddings)."""
+  vocab_size: int
+  config: ModelConfig
+
+  def setup(self):
+    d_model = self.config.d_model
+    self.table = self.param(
+        'embedding',
+        nn.with_logical_partitioning(
+            nn.initializers.normal(stddev=d_model ** -0.5), ('vocab', 'embed')),
+        (self.vocab_size, d_model), jnp.float32)
+
+  def __call__(self, ids: jax.Array) -> jax.Array:
+    """[batch, length] int -> [batch, length, d_model]."""
+    table = jnp.asarray(self.table, self.config.compute_dtype)
+    return jnp.take(table, ids, axis=0) * jnp.sqrt(
+        jnp.asarray(self.config.d_model, table.dtype))
+
+  def attend(self, x: jax.Array) -> jax.Array:
+    """[batch, length, d_model] -> [batch, length, vocab] float32 logits."""
+    table = jnp.asarray(self.table, self.config.compute_dtype)
+    return jnp.einsum('bld,vd->blv', x, table,
+                      preferred_element_type=jnp.float32)
+
+
+class AddPositions(nn.Module):
+  """Adds sinusoidal (the paper) or learned position embeddings."""
+  config: ModelConfig
+
+  @nn.compact
+  def __call__(self, x: jax.Array, positions: jax.Array) -> jax.Array:
+    """x: [batch, length, d_model]; positions: [batch, length] int."""
+    cfg = self.config
+    if cfg.position_embedding == 'sinusoidal':
+      table = jnp.asarray(sinusoidal_positions(cfg.max_len, cfg.d_model))
+    else:
+      table = self.param(
+          'position_embedding',
+          nn.with_logical_partitioning(
+              nn.initializers.normal(stddev=0.02), (None, 'embed')),
+          (cfg.max_len, cfg.d_model), jnp.float32)
+    return x + jnp.take(table, positions, axis=0).astype(x.dtype)
+
+
+def dense(features: int, axes: tuple[str, str], config: ModelConfig,
+          name: str, use_bias: bool | None = None) -> nn.Dense:
+  return nn.Dense(
+      features, use_bias=config.use_bias if use_bias is None else use_bias,
+      dtype=config.compute_dtype, param_dtype=jnp.float32,
+      kernel_init=nn.with_logical_partitioning(
+          nn.initializers.xavier_uniform(), axes),
+      bias_init=nn.with_logical_partitioning(nn.initializers.zeros, axes[1:]),
+      name=name)
+
+
+class FeedForward(nn.Module):
+  """FFN(x) = act(x W1 + b1) W2 + b2, applied at every position."""
+  config: ModelConfig
+  deterministic: bool = True
+
+  @nn.compact
+  def __call__(self, x: jax.Array) -> jax.Array:
+    """[batch, length, d_model] -> [batch, length, d_model]."""
+    cfg = self.config
+    h = dense(cfg.d_ff, ('embed', 'mlp'), cfg, 'wi')(x)
+    h = nn.relu(h) if cfg.activation == 'relu' else nn.gelu(h)
+    h = nn.with_logical_constraint(h, ('batch', 'length', 'mlp'))
+    h = nn.Dropout(cfg.ffn_dropout)(h, deterministic=self.deterministic)
+    return dense(cfg.d_model, ('mlp', 'embed'), cfg, 'wo')(h)
+
+
+def layer_norm(config: ModelConfig, name: str) -> nn.LayerNorm:
+  return nn.LayerNorm(
+      epsilon=config.layer_norm_epsilon, dtype=config.compute_dtype,
+      param_dtype=jnp.float32,
+      scale_init=nn.with_logical_partitioning(nn.initializers.ones, ('embed',)),
+      bias_init=nn.with_logical_partitioning(nn.initializers.zeros, ('embed',)),
+      name=name)
+
+
+def residual(x: jax.Array, sublayer: Callable[[jax.Array], jax.Array],
+             norm: nn.LayerNorm, dropout: nn.Dropout, norm_position: str,
+             deterministic: bool) -> jax.Array:
+  """A sublayer with its residual connection and LayerNorm.
+
+  post-LN (the paper): LayerNorm(x + Dropout(sublayer(x)));
+  pre-LN: x + Dropout(sublayer(LayerNorm(x))).
+  """
+  if norm_position == 'pre':
+    return x + dropout(sublayer(norm(x)), deterministic=deterministic)
+  return norm(x + dropout(sublayer(x), deterministic=deterministic))

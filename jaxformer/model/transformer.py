@@ -1,0 +1,322 @@
+"""Transformer models: encoder, decoder, encoder-decoder (translation),
+encoder-only classifier/regressor and decoder-only language model.
+
+Token id 0 is padding; it is also the decoder's start token (targets are
+shifted right by one inside the model). Segment ids mark packed examples
+(0 = padding); positions restart at 0 in each segment.
+"""
+import jax
+import jax.numpy as jnp
+from flax import linen as nn
+
+from jaxformer.model import layers
+from jaxformer.model.attention import MultiHeadAttention, attention_mask
+from jaxformer.model.config import ModelConfig
+
+REMAT_POLICIES = {
+    'full': None,
+    'dots': jax.checkpoint_policies.checkpoint_dots,
+    'dots_with_no_batch_dims':
+        jax.checkpoint_policies.checkpoint_dots_with_no_batch_dims,
+}
+
+
+def shift_right(targets: jax.Array, segment_ids: jax.Array) -> jax.Array:
+  """Decoder inputs: targets moved one step right, 0 at each segment start.
+
+  Args:
+    targets, segment_ids: [batch, length] int.
+  """
+  shifted = jnp.pad(targets, ((0, 0), (1, 0)))[:, :-1]
+  previous_segment = jnp.pad(segment_ids, ((0, 0), (1, 0)))[:, :-1]
+  return jnp.where(segment_ids == previous_segment, shifted, 0)
+
+
+def default_segments(tokens, segment_ids, positions):
+  """Unpacked defaults: segment 1 for real tokens, positions 0..length-1."""
+  if segment_ids is None:
+    segment_ids = (tokens != 0).astype(jnp.int32)
+  if positions is None:
+    positions = jnp.broadcast_to(jnp.arange(tokens.shape[1]), tokens.shape)
+  return segment_ids, positions
+
+
+def constrain(x):
+  return nn.with_logical_constraint(x, ('batch', 'length', 'embed'))
+
+
+class EncoderLayer(nn.Module):
+  """Self-attention and FFN, each with residual + LayerNorm."""
+  config: ModelConfig
+  deterministic: bool = True
+
+  @nn.compact
+  def __call__(self, x, mask):
+    """x: [batch, s, d_model]; mask: [batch, 1, s, s]. Returns (x, None)."""
+    cfg, det = self.config, self.deterministic
+    drop = nn.Dropout(cfg.residual_dropout)
+    attend = MultiHeadAttention(cfg, 'self', det, name='self_attention')
+    x = layers.residual(x, lambda h: attend(h, h, mask),
+                        layers.layer_norm(cfg, 'self_attention_norm'), drop,
+                        cfg.norm_position, det)
+    x = layers.residual(x, layers.FeedForward(cfg, det, name='ffn'),
+                        layers.layer_norm(cfg, 'ffn_norm'), drop,
+                        cfg.norm_position, det)
+    return constrain(x), None
+
+
+class DecoderLayer(nn.Module):
+  """Causal self-attention, cross-attention (unless decoder-only) and FFN."""
+  config: ModelConfig
+  deterministic: bool = True
+  decode: bool = False
+  cross: bool = True
+
+  @nn.compact
+  def __call__(self, x, self_mask, encoded, cross_mask):
+    """x: [batch, t, d_model]; self_mask: [batch, 1, t, t];
+    encoded: [batch, s, d_model] (None for decoder-only, or once the decode
+    cache exists); cross_mask: [batch, 1, t|1, s]. Returns (x, None)."""
+    cfg, det = self.config, self.deterministic
+    drop = nn.Dropout(cfg.residual_dropout)
+    self_attend = MultiHeadAttention(cfg, 'causal', det, self.decode,
+                                     name='self_attention')
+    x = layers.residual(x, lambda h: self_attend(h, h, self_mask),
+                        layers.layer_norm(cfg, 'self_attention_norm'), drop,
+                        cfg.norm_position, det)
+    if self.cross:
+      cross_attend = MultiHeadAttention(cfg, 'cross', det, self.decode,
+                                        name='cross_attention')
+      x = layers.residual(x, lambda h: cross_attend(h, encoded, cross_mask),
+                          layers.layer_norm(cfg, 'cross_attention_norm'), drop,
+                          cfg.norm_position, det)
+    x = layers.residual(x, layers.FeedForward(cfg, det, name='ffn'),
+                        layers.layer_norm(cfg, 'ffn_norm'), drop,
+                        cfg.norm_position, det)
+    return constrain(x), None
+
+
+def stack_layers(layer_cls, config: ModelConfig, num_layers: int, **kwargs):
+  """Returns fn(x, *args) -> x that runs `num_layers` layers, as a Python
+  loop or as one `nn.scan` (compile time independent of depth), with the
+  configured rematerialisation. Must be called inside a compact method."""
+  if config.remat_policy != 'none':
+    layer_cls = nn.remat(layer_cls, policy=REMAT_POLICIES[config.remat_policy],
+                         prevent_cse=not config.scan_layers)
+  if config.scan_layers:
+    def run_scanned(x, *args):
+      scanned = nn.scan(
+          layer_cls, variable_axes={'params': 0, 'cache': 0,
+                                    'intermediates': 0},
+          split_rngs={'params': True, 'dropout': True},
+          in_axes=(nn.broadcast,) * len(args), length=num_layers,
+          metadata_params={nn.PARTITION_NAME: 'layers'})
+      return scanned(config, name='layers', **kwargs)(x, *args)[0]
+    return run_scanned
+
+  def run_looped(x, *args):
+    for i in range(num_layers):
+      x, _ = layer_cls(config, name=f'layer_{i}', **kwargs)(x, *args)
+    return x
+  return run_looped
+
+
+class Encoder(nn.Module):
+  """Embedding + positions + N encoder layers (+ final LayerNorm if pre-LN)."""
+  config: ModelConfig
+  embed: layers.Embed
+  deterministic: bool = True
+
+  @nn.compact
+  def __call__(self, inputs, segment_ids, positions):
+    """inputs, segment_ids, positions: [batch, s] int -> [batch, s, d_model]."""
+    cfg = self.config
+    x = layers.AddPositions(cfg, name='positions')(self.embed(inputs), positions)
+    x = nn.Dropout(cfg.embedding_dropout)(x, deterministic=self.deterministic)
+    mask = attention_mask(segment_ids, segment_ids, causal=False)
+    x = stack_layers(EncoderLayer, cfg, cfg.num_encoder_layers,
+                     deterministic=self.deterministic)(constrain(x), mask)
+    if cfg.norm_position == 'pre':
+      x = layers.layer_norm(cfg, 'final_norm')(x)
+    return x
+
+
+class Decoder(nn.Module):
+  """Embedding + positions + N decoder layers + output projection."""
+  config: ModelConfig
+  embed: layers.Embed
+  deterministic: bool = True
+  decode: bool = False
+  cross: bool = True
+
+  @nn.compact
+  def __call__(self, decoder_inputs, segment_ids, positions, encoded=None,
+               encoder_segment_ids=None):
+    """Logits for the next token at every decoder position.
+
+    Args:
+      decoder_inputs, segment_ids, positions: [batch, t] int (t = 1 per call
+        in decode mode once the cache exists).
+      encoded: [batch, s, d_model] or None (decoder-only).
+      encoder_segment_ids: [batch, s] int or None.
+
+    Returns:
+      [batch, t, vocab] float32.
+    """
+    cfg = self.config
+    x = layers.AddPositions(cfg, name='positions')(
+        self.embed(decoder_inputs), positions)
+    x = nn.Dropout(cfg.embedding_dropout)(x, deterministic=self.deterministic)
+    self_mask = attention_mask(segment_ids, segment_ids, causal=True)
+    cross_mask = None
+    if self.cross:
+      cross_mask = attention_mask(segment_ids, encoder_segment_ids,
+                                  causal=False)
+    x = stack_layers(DecoderLayer, cfg, cfg.num_decoder_layers,
+                     deterministic=self.deterministic, decode=self.decode,
+                     cross=self.cross)(constrain(x), self_mask, encoded,
+                                       cross_mask)
+    if cfg.norm_position == 'pre':
+      x = layers.layer_norm(cfg, 'final_norm')(x)
+    if cfg.share_embeddings == 'none':
+      logits = layers.dense(cfg.output_vocab_size, ('embed', 'vocab'), cfg,
+                            'logits', use_bias=True)(x)
+    else:
+      logits = self.embed.attend(x)
+    return nn.with_logical_constraint(logits.astype(jnp.float32),
+                                      ('batch', 'length', 'vocab'))
+
+
+class EncoderDecoder(nn.Module):
+  """The translation Transformer.
+
+  `deterministic=False` turns dropout on (needs a 'dropout' rng);
+  `decode=True` runs the decoder one position at a time with a 'cache'.
+  """
+  config: ModelConfig
+  deterministic: bool = True
+  decode: bool = False
+
+  def setup(self):
+    cfg = self.config
+    self.source_embed = layers.Embed(cfg.vocab_size, cfg)
+    if cfg.share_embeddings == 'all':
+      self.target_embed = self.source_embed
+    else:
+      self.target_embed = layers.Embed(cfg.output_vocab_size, cfg)
+    self.encoder = Encoder(cfg, self.source_embed, self.deterministic)
+    self.decoder = Decoder(cfg, self.target_embed, self.deterministic,
+                           self.decode)
+
+  def encode(self, inputs, inputs_segment_ids=None, inputs_positions=None):
+    """[batch, s] int -> [batch, s, d_model]."""
+    segment_ids, positions = default_segments(inputs, inputs_segment_ids,
+                                              inputs_positions)
+    return self.encoder(inputs, segment_ids, positions)
+
+  def decode_logits(self, encoded, inputs_segment_ids, decoder_inputs,
+                    targets_segment_ids, targets_positions):
+    """Decoder logits [batch, t, vocab] for already shifted decoder inputs."""
+    return self.decoder(decoder_inputs, targets_segment_ids, targets_positions,
+                        encoded, inputs_segment_ids)
+
+  def __call__(self, inputs, targets, inputs_segment_ids=None,
+               inputs_positions=None, targets_segment_ids=None,
+               targets_positions=None):
+    """Teacher-forced logits.
+
+    Args:
+      inputs: [batch, s] int source tokens; targets: [batch, t] int target
+        tokens (ending in EOS); the *_segment_ids/_positions for packed rows.
+
+    Returns:
+      [batch, t, vocab] float32: logits for targets[:, i] given targets[:, :i].
+    """
+    inputs_segment_ids, inputs_positions = default_segments(
+        inputs, inputs_segment_ids, inputs_positions)
+    targets_segment_ids, targets_positions = default_segments(
+        targets, targets_segment_ids, targets_positions)
+    encoded = self.encode(inputs, inputs_segment_ids, inputs_positions)
+    return self.decode_logits(
+        encoded, inputs_segment_ids, shift_right(targets, targets_segment_ids),
+        targets_segment_ids, targets_positions)
+
+
+class DecoderLM(nn.Module):
+  """Decoder-only language model (causal self-attention, no encoder)."""
+  config: ModelConfig
+  deterministic: bool = True
+  decode: bool = False
+
+  def setup(self):
+    self.embed = layers.Embed(self.config.vocab_size, self.config)
+    self.decoder = Decoder(self.config, self.embed, self.deterministic,
+                           self.decode, cross=False)
+
+  def decode_logits(self, decoder_inputs, segment_ids, positions):
+    """Logits [batch, t, vocab] for already shifted inputs."""
+    return self.decoder(decoder_inputs, segment_ids, positions)
+
+  def __call__(self, targets, targets_segment_ids=None,
+               targets_positions=None):
+    """[batch, t] int -> [batch, t, vocab]: logits for targets[:, i] given
+    targets[:, :i]."""
+    segment_ids, positions = default_segments(targets, targets_segment_ids,
+                                              targets_positions)
+    return self.decoder(shift_right(targets, segment_ids), segment_ids,
+                        positions)
+
+
+def pool(x: jax.Array, segment_ids: jax.Array, pooling: str) -> jax.Array:
+  """[batch, s, d] -> [batch, d]: the first token, or the mean of non-pad
+  tokens."""
+  if pooling == 'first':
+    return x[:, 0]
+  weights = (segment_ids != 0).astype(x.dtype)[..., None]
+  return (x * weights).sum(1) / jnp.maximum(weights.sum(1), 1)
+
+
+class PooledEncoder(nn.Module):
+  """Encoder whose output is pooled into one vector per example."""
+  config: ModelConfig
+  deterministic: bool = True
+
+  @nn.compact
+  def __call__(self, inputs, inputs_segment_ids=None, inputs_positions=None):
+    """[batch, s] int -> [batch, d_model] (compute dtype)."""
+    segment_ids, positions = default_segments(inputs, inputs_segment_ids,
+                                              inputs_positions)
+    embed = layers.Embed(self.config.vocab_size, self.config, name='embed')
+    x = Encoder(self.config, embed, self.deterministic, name='encoder')(
+        inputs, segment_ids, positions)
+    return pool(x, segment_ids, self.config.pooling)
+
+
+class EncoderClassifier(nn.Module):
+  """Encoder-only classifier: log-probabilities [batch, num_classes]."""
+  config: ModelConfig
+  deterministic: bool = True
+
+  @nn.compact
+  def __call__(self, inputs, inputs_segment_ids=None, inputs_positions=None):
+    cfg = self.config
+    pooled = PooledEncoder(cfg, self.deterministic, name='body')(
+        inputs, inputs_segment_ids, inputs_positions)
+    logits = layers.dense(cfg.num_classes, ('embed', None), cfg, 'classifier',
+                          use_bias=True)(pooled)
+    return jax.nn.log_softmax(logits.astype(jnp.float32))
+
+
+class EncoderRegressor(nn.Module):
+  """Encoder-only regressor: values [batch, regression_dim] float32."""
+  config: ModelConfig
+  deterministic: bool = True
+
+  @nn.compact
+  def __call__(self, inputs, inputs_segment_ids=None, inputs_positions=None):
+    cfg = self.config
+    pooled = PooledEncoder(cfg, self.deterministic, name='body')(
+        inputs, inputs_segment_ids, inputs_positions)
+    values = layers.dense(cfg.regression_dim, ('embed', None), cfg,
+                          'regressor', use_bias=True)(pooled)
+    return values.astype(jnp.float32)
