@@ -70,6 +70,51 @@ def fused_attention(query, key, value, mask):
   return jax.nn.dot_product_attention(query, key, value, mask=mask)
 
 
+def _xavier(in_axis, out_axis):
+  return nn.initializers.variance_scaling(
+      1.0, 'fan_avg', 'uniform', in_axis=in_axis, out_axis=out_axis)
+
+
+class SplitHeads(nn.Module):
+  """[batch, length, d_model] -> [batch, length, heads, head_dim]."""
+  config: ModelConfig
+  use_bias: bool = True
+
+  @nn.compact
+  def __call__(self, x):
+    cfg = self.config
+    kernel = self.param(
+        'kernel', nn.with_logical_partitioning(
+            _xavier(0, (1, 2)), ('embed', 'heads', 'kv')),
+        (cfg.d_model, cfg.num_heads, cfg.head_dim), jnp.float32)
+    y = jnp.einsum('bld,dnh->blnh', x, kernel.astype(cfg.compute_dtype))
+    if self.use_bias and cfg.use_bias:
+      bias = self.param('bias', nn.with_logical_partitioning(
+          nn.initializers.zeros, ('heads', 'kv')),
+                        (cfg.num_heads, cfg.head_dim), jnp.float32)
+      y += bias.astype(cfg.compute_dtype)
+    return y
+
+
+class MergeHeads(nn.Module):
+  """[batch, length, heads, head_dim] -> [batch, length, d_model]."""
+  config: ModelConfig
+
+  @nn.compact
+  def __call__(self, x):
+    cfg = self.config
+    kernel = self.param(
+        'kernel', nn.with_logical_partitioning(
+            _xavier((0, 1), 2), ('heads', 'kv', 'embed')),
+        (cfg.num_heads, cfg.head_dim, cfg.d_model), jnp.float32)
+    y = jnp.einsum('blnh,nhd->bld', x, kernel.astype(cfg.compute_dtype))
+    if cfg.use_bias:
+      bias = self.param('bias', nn.with_logical_partitioning(
+          nn.initializers.zeros, ('embed',)), (cfg.d_model,), jnp.float32)
+      y += bias.astype(cfg.compute_dtype)
+    return y
+
+
 class MultiHeadAttention(nn.Module):
   """Multi-head attention of one kind: 'self', 'causal' (masked self) or 'cross'.
 
@@ -84,15 +129,9 @@ class MultiHeadAttention(nn.Module):
   decode: bool = False
 
   def _project(self, x, name):
-    cfg = self.config
-    return nn.DenseGeneral(
-        features=(cfg.num_heads, cfg.head_dim), axis=-1, use_bias=cfg.use_bias,
-        dtype=cfg.compute_dtype, param_dtype=jnp.float32,
-        kernel_init=nn.with_logical_partitioning(
-            nn.initializers.xavier_uniform(), ('embed', 'heads', 'kv')),
-        bias_init=nn.with_logical_partitioning(
-            nn.initializers.zeros, ('heads', 'kv')),
-        name=name)(x)
+    # A key bias adds the same q.b to every logit of a query, which softmax
+    # ignores: it has no effect and zero gradient, so there is none.
+    return SplitHeads(self.config, use_bias=name != 'key', name=name)(x)
 
   @nn.compact
   def __call__(self, query_inputs, kv_inputs, mask):
@@ -128,14 +167,7 @@ class MultiHeadAttention(nn.Module):
           dropout_rng=dropout_rng)
       self.sow('intermediates', 'attention_weights', weights)
 
-    return nn.DenseGeneral(
-        features=cfg.d_model, axis=(-2, -1), use_bias=cfg.use_bias,
-        dtype=cfg.compute_dtype, param_dtype=jnp.float32,
-        kernel_init=nn.with_logical_partitioning(
-            nn.initializers.xavier_uniform(), ('heads', 'kv', 'embed')),
-        bias_init=nn.with_logical_partitioning(
-            nn.initializers.zeros, ('embed',)),
-        name='out')(out)
+    return MergeHeads(cfg, name='out')(out)
 
   def _cross_cache(self, kv_inputs):
     """Source keys and values, projected once when the cache is created."""

@@ -1,0 +1,164 @@
+"""Run configuration: Python files returning an `ml_collections.ConfigDict`,
+with `--config.key=value` overrides from the command line.
+
+A config file defines `get_config()` (optionally `get_config(arg)`, called
+with the text after a colon: `configs/quickstart.py:runlocal`). Every file
+starts from `default_config()`, so each key has one documented default.
+"""
+import ast
+import difflib
+import importlib.util
+import os
+from collections.abc import Sequence
+
+import ml_collections
+
+from jaxformer import parallel
+from jaxformer.data.pipeline import default_data_config
+from jaxformer.model import config as model_config
+
+
+class ConfigError(ValueError):
+  """A config file or override that cannot be used as given."""
+
+
+def default_config() -> ml_collections.ConfigDict:
+  c = ml_collections.ConfigDict()
+  c.task = 'translation'  # translation | classification | regression | language_model
+  c.seed = 0
+  c.model = model_config.to_config_dict(model_config.ModelConfig())
+  c.data = default_data_config()
+  c.train = ml_collections.ConfigDict(dict(
+      num_steps=100_000,
+      schedule='rsqrt',  # rsqrt (the paper) | warmup_rsqrt | warmup_cosine
+      learning_rate=1.0,  # rsqrt: the factor; others: the peak
+      warmup_steps=4000,
+      b1=0.9, b2=0.98, eps=1e-9,
+      weight_decay=0.0,  # > 0: AdamW
+      grad_clip_norm=0.0,  # 0: no clipping
+      label_smoothing=0.1,
+      grad_accum_steps=1,
+      prng_impl='threefry2x32',  # threefry2x32 | rbg | unsafe_rbg
+      nan_policy='stop',  # stop | skip (non-finite steps are not applied)
+      log_every=100,
+      peak_flops=0.0,  # FLOP/s of one device for MFU; 0: measure at start
+  ))
+  c.mesh = ml_collections.ConfigDict(dict(
+      data=-1, fsdp=1, tensor=1,
+      axis_rules=[list(rule) for rule in parallel.DEFAULT_AXIS_RULES],
+  ))
+  c.eval = ml_collections.ConfigDict(dict(
+      every=1000,  # steps; 0: only at the end
+      split='dev',
+      num_batches=0,  # 0: the whole split
+      bleu_examples=256,  # dev sentences decoded for BLEU during training
+      final_split='test',  # decoded with beam search after training; '' skips
+      show_examples=5,  # example translations printed after training
+  ))
+  c.decode = ml_collections.ConfigDict(dict(
+      beam_size=4, alpha=0.6, max_extra_len=50, batch_size=64))
+  c.checkpoint = ml_collections.ConfigDict(dict(
+      every=1000, keep=3, best_metric='bleu', best_mode='max',
+      async_save=True))
+  c.distributed = ml_collections.ConfigDict(dict(
+      coordinator_address='', num_processes=0, process_id=-1,
+      initialization_timeout=300, heartbeat_timeout=60))
+  return c
+
+
+def load_config(path_and_arg: str,
+                overrides: Sequence[str] = ()) -> ml_collections.ConfigDict:
+  """Loads `path[:arg]` and applies `key=value` overrides."""
+  path, _, arg = path_and_arg.partition(':')
+  if not os.path.isfile(path):
+    raise ConfigError(f'Config file {path!r} does not exist; configs live in '
+                      'configs/, e.g. configs/quickstart.py.')
+  spec = importlib.util.spec_from_file_location('jaxformer_user_config', path)
+  module = importlib.util.module_from_spec(spec)
+  spec.loader.exec_module(module)
+  if not hasattr(module, 'get_config'):
+    raise ConfigError(f'Config file {path} defines no get_config().')
+  config = module.get_config(arg) if arg else module.get_config()
+  for override in overrides:
+    apply_override(config, override)
+  validate(config)
+  return config
+
+
+def _parse_value(text: str, current):
+  if isinstance(current, bool):
+    if text.lower() in ('true', '1', 'yes'):
+      return True
+    if text.lower() in ('false', '0', 'no'):
+      return False
+    raise ConfigError(f'Expected true/false, got {text!r}.')
+  if isinstance(current, str):
+    return text
+  try:
+    value = ast.literal_eval(text)
+  except (ValueError, SyntaxError):
+    if current is None:
+      return text
+    raise ConfigError(f'Cannot parse {text!r} as {type(current).__name__}.')
+  if isinstance(current, float) and isinstance(value, int):
+    value = float(value)
+  if current is not None and not isinstance(value, type(current)) and not (
+      isinstance(current, (list, tuple)) and isinstance(value, (list, tuple))):
+    raise ConfigError(f'Expected {type(current).__name__}, got {text!r}.')
+  return value
+
+
+def apply_override(config: ml_collections.ConfigDict, override: str) -> None:
+  """Sets `a.b.c=value` (the leading `--config.` is optional). An unknown
+  key is an error that names the closest known keys."""
+  override = override.removeprefix('--').removeprefix('config.')
+  if '=' not in override:
+    raise ConfigError(f'Override {override!r} is not of the form key=value.')
+  dotted, text = override.split('=', 1)
+  *parents, leaf = dotted.split('.')
+  node = config
+  for depth, name in enumerate(parents + [leaf]):
+    if name not in node:
+      prefix = '.'.join(parents[:depth])
+      known = sorted(node.keys())
+      close = difflib.get_close_matches(name, known, n=3)
+      hint = f' Did you mean {close}?' if close else f' Known keys: {known}.'
+      raise ConfigError(
+          f'Unknown config key {dotted!r}: {prefix or "config"} has no '
+          f'{name!r}.{hint}')
+    if depth < len(parents):
+      node = node[name]
+  try:
+    node[leaf] = _parse_value(text, node[leaf])
+  except ConfigError as e:
+    raise ConfigError(f'--config.{dotted}: {e}') from None
+
+
+def validate(config: ml_collections.ConfigDict) -> None:
+  """Checks keys against the defaults and builds the model config (which
+  checks its own values), so mistakes surface before any work starts."""
+  _check_keys(config, default_config(), 'config')
+  model_config.from_config_dict(config.model)
+  choices = {'train.schedule': ('rsqrt', 'warmup_rsqrt', 'warmup_cosine'),
+             'train.nan_policy': ('stop', 'skip'),
+             'train.prng_impl': ('threefry2x32', 'rbg', 'unsafe_rbg'),
+             'task': ('translation', 'classification', 'regression',
+                      'language_model')}
+  for dotted, allowed in choices.items():
+    value = config
+    for name in dotted.split('.'):
+      value = value[name]
+    if value not in allowed:
+      raise ConfigError(f'{dotted}={value!r} is not one of {allowed}.')
+
+
+def _check_keys(config, reference, where: str) -> None:
+  for key in config.keys():
+    if key not in reference:
+      close = difflib.get_close_matches(key, list(reference.keys()), n=3)
+      raise ConfigError(f'Unknown config key {where}.{key}'
+                        + (f'; did you mean {close}?' if close else '.'))
+    if isinstance(reference[key], ml_collections.ConfigDict) and key not in (
+        'model',):
+      if isinstance(config[key], ml_collections.ConfigDict):
+        _check_keys(config[key], reference[key], f'{where}.{key}')

@@ -1,0 +1,557 @@
+"""Training and evaluation batches as tf.data pipelines over pre-tokenised arrays.
+
+Design
+------
+A split is read and tokenised once (SentencePiece's batched C++ encoder, no
+Python call per example on the hot path) into flat token arrays plus row
+splits (`TokenizedSplit`), kept in a small in-memory cache.  tf.data then works
+on those arrays with vectorised TensorFlow ops only.
+
+Training is a sequence of epochs.  Epoch e visits the examples in a seeded
+permutation (`stateless_shuffle` with seed (seed, e)), so batch k is a pure
+function of (data, config, k) and every process computes the same global plan:
+  * 'pack': greedy next-fit packing of the permuted examples into rows of
+    max_source_length / max_target_length (an example's source and target
+    share a row and a segment number); batch_size rows per global batch; the
+    last batch of an epoch is completed with empty rows.
+  * 'bucket': examples grouped by max(source, target) length into buckets of
+    `bucket_lengths(...)`; a batch of bucket width w has
+    tokens_per_batch // w rows (a multiple of the process count); the batches
+    of an epoch are shuffled; each bucket's last batch is completed with empty
+    rows.
+Each process builds only its own rows of every global batch, so all processes
+yield identical shapes at every step.
+
+Resume cost: the number of batches in epoch e is known without producing them
+('bucket': a constant; 'pack': one vectorised packing plan, O(n log n) on
+lengths only, about 10 ms per epoch for 200k examples on one CPU core), so
+starting at step k costs one plan per completed epoch and skips nothing else.
+
+Memory: the token arrays live in host memory and are captured by tf.data,
+which limits a split to about 500M tokens per side (2 GB); larger corpora
+would need a sharded on-disk cache.
+"""
+
+from __future__ import annotations
+
+import collections
+import dataclasses
+import functools
+import hashlib
+import itertools
+import json
+from collections.abc import Iterator, Sequence
+
+import ml_collections
+import numpy as np
+import tensorflow as tf
+
+from jaxformer.data import sources
+from jaxformer.data import tokenizer as tokenizer_lib
+
+Batch = dict[str, np.ndarray]
+_CACHE_SIZE = 4
+_BUCKET_GRANULARITY = 8
+
+
+def default_data_config() -> ml_collections.ConfigDict:
+  """The `data` part of the training config, set up for the built-in dataset."""
+  return ml_collections.ConfigDict(dict(
+      source='builtin',  # 'builtin' | 'tsv' | 'files' | 'tfds'
+      builtin=dict(num_train=200_000, num_dev=1000, num_test=1000, seed=0),
+      tsv=dict(train='', dev='', test=''),  # 'source<TAB>target' lines, .gz ok
+      files=dict(train_source='', train_target='', dev_source='',
+                 dev_target='', test_source='', test_target=''),
+      tfds=dict(name='wmt14_translate/de-en', data_dir=None,
+                source_language='en', target_language='de',
+                train_split='train', dev_split='validation', test_split='test'),
+      tokenizer=dict(
+          model_path='',  # an existing joint model to use instead of training
+          source_model_path='', target_model_path='',  # the same, joint=False
+          # BPE: on the built-in data SentencePiece's unigram trainer keeps
+          # mostly single letters (twice the tokens per sentence).
+          type='bpe',
+          vocab_size=512,  # per model; the built-in data allows at most ~600
+          character_coverage=1.0,
+          sample_size=20_000,  # train pairs sampled to train the tokenizer
+          joint=True,
+          wait_seconds=3600.0,  # how long processes > 0 wait for process 0's model
+      ),
+      max_source_length=64,  # tokens incl. EOS; longer examples are dropped
+      max_target_length=64,  # from training, truncated in evaluation
+      batching='pack',  # 'pack' | 'bucket'
+      batch_size=32,  # global rows per batch ('pack' and evaluation)
+      tokens_per_batch=4096,  # global tokens per side and batch ('bucket')
+      # Each epoch uses a full seeded permutation (a buffer as large as the
+      # data); 0 keeps the file order.
+      shuffle_buffer=10000,
+      seed=0,
+  ))
+
+
+# ---------------------------------------------------------------- tokenising
+
+
+@dataclasses.dataclass(frozen=True)
+class TokenizedSplit:
+  """Token ids of a split's examples, concatenated per side.
+
+  Example i's source is source_tokens[source_splits[i]:source_splits[i + 1]]
+  and ends with EOS_ID; the same holds for the target.
+  """
+  source_tokens: np.ndarray  # [total source tokens] int32
+  source_splits: np.ndarray  # [examples + 1] int64
+  target_tokens: np.ndarray  # [total target tokens] int32
+  target_splits: np.ndarray  # [examples + 1] int64
+
+  @property
+  def num_examples(self) -> int:
+    return len(self.source_splits) - 1
+
+  @property
+  def source_lengths(self) -> np.ndarray:
+    return np.diff(self.source_splits).astype(np.int32)
+
+  @property
+  def target_lengths(self) -> np.ndarray:
+    return np.diff(self.target_splits).astype(np.int32)
+
+
+def _flatten(token_lists: list[list[int]]) -> tuple[np.ndarray, np.ndarray]:
+  """[examples, (length)] lists -> (tokens [total] int32, splits [examples + 1])."""
+  lengths = np.fromiter(map(len, token_lists), np.int64, len(token_lists))
+  splits = np.concatenate([[0], np.cumsum(lengths)])
+  tokens = np.fromiter(itertools.chain.from_iterable(token_lists), np.int32,
+                       int(splits[-1]))
+  return tokens, splits
+
+
+def tokenize_pairs(pairs: Sequence[tuple[str, str]],
+                   source_tok: tokenizer_lib.Tokenizer,
+                   target_tok: tokenizer_lib.Tokenizer) -> TokenizedSplit:
+  """Encodes (source, target) pairs, each side ending with EOS_ID."""
+  source_texts, target_texts = zip(*pairs) if pairs else ((), ())
+  return TokenizedSplit(*_flatten(source_tok.encode(source_texts)),
+                        *_flatten(target_tok.encode(target_texts)))
+
+
+def _select_ragged(tokens: np.ndarray, splits: np.ndarray, rows: np.ndarray,
+                   max_length: int | None = None) -> tuple[np.ndarray, np.ndarray]:
+  """Rows `rows` of a ragged array, each cut to `max_length` ending in EOS_ID."""
+  starts = splits[:-1][rows]
+  lengths = np.diff(splits)[rows]
+  if max_length is not None:
+    lengths = np.minimum(lengths, max_length)
+  new_splits = np.concatenate([[0], np.cumsum(lengths)])
+  offsets = np.arange(new_splits[-1]) - np.repeat(new_splits[:-1], lengths)
+  selected = tokens[np.repeat(starts, lengths) + offsets]
+  if max_length is not None and len(rows):
+    selected[new_splits[1:][lengths > 0] - 1] = tokenizer_lib.EOS_ID
+  return selected, new_splits
+
+
+def select_examples(examples: TokenizedSplit, rows: np.ndarray,
+                    max_source_length: int | None = None,
+                    max_target_length: int | None = None) -> TokenizedSplit:
+  """Examples `rows` [k], optionally truncated to the max lengths (EOS kept)."""
+  return TokenizedSplit(
+      *_select_ragged(examples.source_tokens, examples.source_splits, rows,
+                      max_source_length),
+      *_select_ragged(examples.target_tokens, examples.target_splits, rows,
+                      max_target_length))
+
+
+def _fingerprint(data_config: ml_collections.ConfigDict, split: str,
+                 source_tok: tokenizer_lib.Tokenizer,
+                 target_tok: tokenizer_lib.Tokenizer) -> str:
+  settings = data_config.to_dict()
+  reading = {key: settings.get(key) for key in ('source', data_config.source)}
+  digest = hashlib.sha256(json.dumps([reading, split], default=str).encode())
+  digest.update(source_tok.serialized_model_proto())
+  digest.update(target_tok.serialized_model_proto())
+  return digest.hexdigest()
+
+
+_tokenized_cache: collections.OrderedDict[str, TokenizedSplit] = (
+    collections.OrderedDict())
+
+
+def tokenized_split(data_config: ml_collections.ConfigDict, split: str,
+                    source_tok: tokenizer_lib.Tokenizer,
+                    target_tok: tokenizer_lib.Tokenizer) -> TokenizedSplit:
+  """A whole split, read and tokenised once per process (cached in memory)."""
+  key = _fingerprint(data_config, split, source_tok, target_tok)
+  if key not in _tokenized_cache:
+    pairs = sources.read_split(data_config, split)
+    _tokenized_cache[key] = tokenize_pairs(pairs, source_tok, target_tok)
+    while len(_tokenized_cache) > _CACHE_SIZE:
+      _tokenized_cache.popitem(last=False)
+  _tokenized_cache.move_to_end(key)
+  return _tokenized_cache[key]
+
+
+def training_examples(data_config: ml_collections.ConfigDict,
+                      source_tok: tokenizer_lib.Tokenizer,
+                      target_tok: tokenizer_lib.Tokenizer) -> TokenizedSplit:
+  """The train split without examples longer than the max lengths."""
+  examples = tokenized_split(data_config, 'train', source_tok, target_tok)
+  fits = ((examples.source_lengths <= data_config.max_source_length) &
+          (examples.target_lengths <= data_config.max_target_length))
+  if not fits.any():
+    raise sources.DataError(
+        f'all {examples.num_examples} training examples are longer than '
+        f'max_source_length={data_config.max_source_length} or '
+        f'max_target_length={data_config.max_target_length} tokens; raise them')
+  return select_examples(examples, np.flatnonzero(fits))
+
+
+# ---------------------------------------------------------- tensorflow ops
+
+
+def _ragged_constant(tokens: np.ndarray, splits: np.ndarray) -> tf.RaggedTensor:
+  return tf.RaggedTensor.from_row_splits(tf.constant(tokens),
+                                         tf.constant(splits, tf.int64),
+                                         validate=False)
+
+
+def greedy_row_starts(source_lengths: tf.Tensor, target_lengths: tf.Tensor,
+                      max_source_length: int, max_target_length: int) -> tf.Tensor:
+  """First example of each row when packing examples in order, next-fit.
+
+  A row takes examples until the next one would overflow its source or its
+  target.  Sequential by nature, computed here by pointer doubling: if
+  jump[s] is the example after a row starting at s, the row starts are
+  jump^i(0), and jump^i is composed from jump^(2^b) for the bits b of i.
+
+  Args:
+    source_lengths, target_lengths: [examples] int32, each at most its max.
+
+  Returns:
+    [rows] int32, increasing, starting with 0.
+  """
+  num_examples = tf.size(source_lengths)
+
+  def first_misfit(lengths, max_length):
+    bounds = tf.concat([[0], tf.cumsum(lengths)], axis=0)
+    return tf.searchsorted(bounds, bounds[:-1] + max_length, side='right') - 1
+
+  jump = tf.concat([tf.minimum(first_misfit(source_lengths, max_source_length),
+                               first_misfit(target_lengths, max_target_length)),
+                    [num_examples]], axis=0)
+  row_number = tf.range(num_examples)
+  starts = tf.zeros_like(row_number)
+
+  def double(bit, starts, jump):
+    uses_bit = tf.bitwise.bitwise_and(row_number, bit) != 0
+    starts = tf.where(uses_bit, tf.gather(jump, starts), starts)
+    return bit * 2, starts, tf.gather(jump, jump)
+
+  _, starts, _ = tf.while_loop(
+      lambda bit, starts, jump: bit < num_examples, double,
+      (tf.constant(1), starts, jump))
+  return tf.boolean_mask(starts, starts < num_examples)
+
+
+def pack_into_rows(source: tf.RaggedTensor, target: tf.RaggedTensor,
+                   row_of_example: tf.Tensor, num_rows: tf.Tensor,
+                   source_width: tf.Tensor, target_width: tf.Tensor
+                   ) -> dict[str, tf.Tensor]:
+  """Lays examples out in rows, side by side within a row.
+
+  Args:
+    source, target: [examples, (length)] int32 token ids.
+    row_of_example: [examples] int32, non-decreasing, each < num_rows.
+    num_rows, source_width, target_width: scalar int32.
+
+  Returns:
+    'inputs', 'inputs_segment_ids', 'inputs_positions' [num_rows,
+    source_width] and the 'targets...' ones [num_rows, target_width], int32:
+    segment k + 1 holds the k-th example of the row, padding is 0.
+  """
+  examples = tf.range(tf.size(row_of_example))
+  first_of_row = tf.searchsorted(row_of_example, tf.range(num_rows), side='left')
+  first_of_my_row = tf.gather(first_of_row, row_of_example)
+  segment_ids = examples - first_of_my_row + 1
+
+  def lay_out(tokens: tf.RaggedTensor, width: tf.Tensor) -> tuple[tf.Tensor, ...]:
+    lengths = tf.cast(tokens.row_lengths(), tf.int32)
+    starts = tf.cumsum(lengths, exclusive=True)
+    columns = starts - tf.gather(starts, first_of_my_row)
+    token_example = tf.cast(tokens.value_rowids(), tf.int32)
+    positions = tf.range(tf.size(tokens.flat_values)) - tf.gather(starts, token_example)
+    indices = tf.stack([tf.gather(row_of_example, token_example),
+                        tf.gather(columns, token_example) + positions], axis=1)
+    shape = tf.stack([num_rows, width])
+    return (tf.scatter_nd(indices, tokens.flat_values, shape),
+            tf.scatter_nd(indices, tf.gather(segment_ids, token_example), shape),
+            tf.scatter_nd(indices, positions, shape))
+
+  batch = {}
+  for side, tokens, width in (('inputs', source, source_width),
+                              ('targets', target, target_width)):
+    batch[side], batch[f'{side}_segment_ids'], batch[f'{side}_positions'] = (
+        lay_out(tokens, width))
+  return batch
+
+
+def _epoch_seed(seed: int, epoch: tf.Tensor, stream: int) -> tf.Tensor:
+  """[2] int64 seed of one random stream of one epoch."""
+  return tf.stack([tf.constant(seed, tf.int64), 2 * tf.cast(epoch, tf.int64) + stream])
+
+
+def _permutation(size: tf.Tensor, seed: tf.Tensor, shuffle: tf.Tensor) -> tf.Tensor:
+  """[size] int32: a permutation fixed by `seed` [2], or the identity."""
+  order = tf.range(size)
+  return tf.cond(shuffle,
+                 lambda: tf.random.experimental.stateless_shuffle(order, seed=seed),
+                 lambda: order)
+
+
+@tf.function(input_signature=[
+    tf.TensorSpec([None], tf.int32), tf.TensorSpec([None], tf.int32),
+    tf.TensorSpec([], tf.int32), tf.TensorSpec([], tf.int32),
+    tf.TensorSpec([2], tf.int64), tf.TensorSpec([], tf.bool)])
+def packing_plan(source_lengths, target_lengths, max_source_length,
+                 max_target_length, seed, shuffle):
+  """One epoch of packing: the order of the examples and where rows start.
+
+  Args:
+    source_lengths, target_lengths: [examples] int32.
+    max_source_length, max_target_length: scalar int32, the row widths.
+    seed: [2] int64; shuffle: scalar bool, False keeps the given order.
+
+  Returns:
+    order: [examples] int32, the examples in the order they are packed.
+    row_bounds: [rows + 1] int32; row r holds order[row_bounds[r]:row_bounds[r + 1]].
+  """
+  order = _permutation(tf.size(source_lengths), seed, shuffle)
+  row_starts = greedy_row_starts(tf.gather(source_lengths, order),
+                                 tf.gather(target_lengths, order),
+                                 max_source_length, max_target_length)
+  return order, tf.concat([row_starts, [tf.size(order)]], axis=0)
+
+
+def _locate_step(step: int, batches_in_epoch) -> tuple[int, int]:
+  """(epoch, batch within epoch) of global batch number `step`."""
+  epoch = 0
+  while step >= (count := int(batches_in_epoch(epoch))):
+    step -= count
+    epoch += 1
+  return epoch, step
+
+
+def _batches_from(first_epoch: int, first_batch: int, epoch_plan, batches_of_epoch
+                  ) -> tf.data.Dataset:
+  """Plan elements of every epoch from `first_epoch`, skipping `first_batch`."""
+  def batches(epoch):
+    plan = epoch_plan(epoch)
+    first = tf.where(epoch == first_epoch, tf.constant(first_batch, tf.int64), 0)
+    batch_numbers = tf.data.Dataset.range(first, batches_of_epoch(plan))
+    return batch_numbers.map(lambda number: (plan, number))
+
+  return tf.data.Dataset.range(first_epoch, np.iinfo(np.int64).max).flat_map(batches)
+
+
+# ------------------------------------------------------------------ training
+
+
+def _rows_per_process(global_rows: int, process_count: int, what: str) -> int:
+  if global_rows % process_count:
+    raise ValueError(f'{what}={global_rows} is not divisible by the '
+                     f'{process_count} processes; change one of them')
+  return global_rows // process_count
+
+
+def _packed_dataset(examples: TokenizedSplit, data_config, start_step: int,
+                    process_index: int, process_count: int) -> tf.data.Dataset:
+  batch_size = data_config.batch_size
+  rows = _rows_per_process(batch_size, process_count, 'data.batch_size')
+  max_source, max_target = data_config.max_source_length, data_config.max_target_length
+  source = _ragged_constant(examples.source_tokens, examples.source_splits)
+  target = _ragged_constant(examples.target_tokens, examples.target_splits)
+  source_lengths = tf.constant(examples.source_lengths)
+  target_lengths = tf.constant(examples.target_lengths)
+  shuffle = tf.constant(data_config.shuffle_buffer > 0)
+
+  def epoch_plan(epoch):
+    return packing_plan(source_lengths, target_lengths, max_source, max_target,
+                        _epoch_seed(data_config.seed, epoch, 0), shuffle)
+
+  def batches_of_epoch(plan):
+    num_rows = tf.size(plan[1]) - 1
+    return tf.cast((num_rows + batch_size - 1) // batch_size, tf.int64)
+
+  def make_batch(plan, batch_number):
+    order, row_bounds = plan
+    num_rows = tf.size(row_bounds) - 1
+    first_row = tf.cast(batch_number, tf.int32) * batch_size + process_index * rows
+    first_row, end_row = tf.minimum(first_row, num_rows), tf.minimum(first_row + rows, num_rows)
+    positions = tf.range(row_bounds[first_row], row_bounds[end_row])
+    row_of_example = tf.searchsorted(row_bounds, positions, side='right') - 1 - first_row
+    chosen = tf.gather(order, positions)
+    return pack_into_rows(tf.gather(source, chosen), tf.gather(target, chosen),
+                          row_of_example, rows, max_source, max_target)
+
+  first_epoch, first_batch = _locate_step(
+      start_step, lambda epoch: batches_of_epoch(epoch_plan(tf.constant(epoch, tf.int64))))
+  plans = _batches_from(first_epoch, first_batch, epoch_plan, batches_of_epoch)
+  return plans.map(make_batch, num_parallel_calls=tf.data.AUTOTUNE)
+
+
+def bucket_lengths(max_length: int) -> list[int]:
+  """Bucket widths up to max_length: steps of 8, then of about a quarter."""
+  widths, width = [], _BUCKET_GRANULARITY
+  while width < max_length:
+    widths.append(width)
+    step = width // 4 // _BUCKET_GRANULARITY * _BUCKET_GRANULARITY
+    width += max(_BUCKET_GRANULARITY, step)
+  return widths + [max_length]
+
+
+def _bucket_batches(example_buckets: np.ndarray, rows_per_bucket: np.ndarray
+                    ) -> np.ndarray:
+  """[batches, 3] (bucket, first, count) into the examples sorted by bucket."""
+  counts = np.bincount(example_buckets, minlength=len(rows_per_bucket))
+  bucket_offsets = np.concatenate([[0], np.cumsum(counts)])
+  batches = [(bucket, bucket_offsets[bucket] + first, min(rows, count - first))
+             for bucket, (count, rows) in enumerate(zip(counts, rows_per_bucket))
+             for first in range(0, count, rows)]
+  return np.array(batches, np.int32).reshape(-1, 3)
+
+
+def _bucketed_dataset(examples: TokenizedSplit, data_config, start_step: int,
+                      process_index: int, process_count: int) -> tf.data.Dataset:
+  max_source, max_target = data_config.max_source_length, data_config.max_target_length
+  widths = np.array(bucket_lengths(max(max_source, max_target)))
+  global_rows = np.maximum(
+      data_config.tokens_per_batch // widths // process_count, 1) * process_count
+  example_buckets = np.searchsorted(
+      widths, np.maximum(examples.source_lengths, examples.target_lengths))
+  batch_table = _bucket_batches(example_buckets, global_rows)
+  shuffle = tf.constant(data_config.shuffle_buffer > 0)
+
+  rows_of_bucket = tf.constant(global_rows // process_count, tf.int32)
+  source_width_of_bucket = tf.constant(np.minimum(widths, max_source), tf.int32)
+  target_width_of_bucket = tf.constant(np.minimum(widths, max_target), tf.int32)
+  source = _ragged_constant(examples.source_tokens, examples.source_splits)
+  target = _ragged_constant(examples.target_tokens, examples.target_splits)
+  buckets = tf.constant(example_buckets, tf.int32)
+  batch_table = tf.constant(batch_table)
+  num_examples, num_batches = examples.num_examples, int(batch_table.shape[0])
+
+  def epoch_plan(epoch):
+    order = _permutation(num_examples, _epoch_seed(data_config.seed, epoch, 0), shuffle)
+    by_bucket = tf.gather(order, tf.argsort(tf.gather(buckets, order), stable=True))
+    batch_order = _permutation(num_batches, _epoch_seed(data_config.seed, epoch, 1), shuffle)
+    return by_bucket, batch_order
+
+  def make_batch(plan, batch_number):
+    by_bucket, batch_order = plan
+    bucket, first, count = tf.unstack(batch_table[batch_order[batch_number]])
+    rows = rows_of_bucket[bucket]
+    mine = tf.range(tf.minimum(process_index * rows, count),
+                    tf.minimum((process_index + 1) * rows, count))
+    chosen = tf.gather(by_bucket, first + mine)
+    return pack_into_rows(tf.gather(source, chosen), tf.gather(target, chosen),
+                          tf.range(tf.size(chosen)), rows,
+                          source_width_of_bucket[bucket], target_width_of_bucket[bucket])
+
+  first_epoch, first_batch = divmod(start_step, num_batches)
+  plans = _batches_from(first_epoch, first_batch, epoch_plan,
+                        lambda plan: tf.constant(num_batches, tf.int64))
+  return plans.map(make_batch, num_parallel_calls=tf.data.AUTOTUNE)
+
+
+def _hide_accelerators_from_tensorflow() -> None:
+  """Keeps TensorFlow on the CPU so that it leaves GPU/TPU memory to JAX."""
+  try:
+    tf.config.set_visible_devices([], 'GPU')
+    tf.config.set_visible_devices([], 'TPU')
+  except (RuntimeError, ValueError):  # Already initialised, or no such type.
+    pass
+
+
+def _as_numpy(dataset: tf.data.Dataset) -> Iterator[Batch]:
+  options = tf.data.Options()
+  options.deterministic = True
+  return dataset.with_options(options).prefetch(tf.data.AUTOTUNE).as_numpy_iterator()
+
+
+def train_batches(data_config: ml_collections.ConfigDict,
+                  source_tok: tokenizer_lib.Tokenizer,
+                  target_tok: tokenizer_lib.Tokenizer, *, start_step: int = 0,
+                  process_index: int = 0, process_count: int = 1) -> Iterator[Batch]:
+  """This process's share of global batches start_step, start_step + 1, ...
+
+  Infinite and deterministic for a given config: batch k is the same whatever
+  start_step was.  'pack' batches are [batch_size // process_count,
+  max_*_length]; 'bucket' batches are [rows, width] with rows * width about
+  tokens_per_batch / process_count and width one of `bucket_lengths`, the same
+  on every process at each step.
+
+  Yields:
+    'inputs', 'inputs_segment_ids', 'inputs_positions' [rows, source_width]
+    and 'targets', 'targets_segment_ids', 'targets_positions' [rows,
+    target_width], int32.  Padding is 0 with segment id 0; positions restart
+    at 0 in each segment.
+  """
+  if not 0 <= process_index < process_count:
+    raise ValueError(f'process_index {process_index} is not in [0, {process_count})')
+  builders = {'pack': _packed_dataset, 'bucket': _bucketed_dataset}
+  if data_config.batching not in builders:
+    raise ValueError(f"data.batching must be 'pack' or 'bucket', got "
+                     f'{data_config.batching!r}')
+  _hide_accelerators_from_tensorflow()
+  examples = training_examples(data_config, source_tok, target_tok)
+  dataset = builders[data_config.batching](examples, data_config, start_step,
+                                           process_index, process_count)
+  return _as_numpy(dataset)
+
+
+# ---------------------------------------------------------------- evaluation
+
+
+def eval_batches(data_config: ml_collections.ConfigDict,
+                 source_tok: tokenizer_lib.Tokenizer,
+                 target_tok: tokenizer_lib.Tokenizer, split: str, *,
+                 batch_size: int | None = None, process_index: int = 0,
+                 process_count: int = 1) -> Iterator[Batch]:
+  """Every example of `split` exactly once across processes, in order.
+
+  Global batch b holds examples [b * R * P, (b + 1) * R * P) with R =
+  ceil(batch_size / process_count) rows per process and P processes; process p
+  takes the p-th group of R.  Rows past the end are padding.  Every process
+  yields the same number of [R, max_*_length] batches.  Examples longer than
+  the max lengths are truncated, keeping their final EOS_ID.
+
+  Yields:
+    The keys of `train_batches` (one example per row, segment id 1) plus
+    'example_index' [R] int32: the example's index in the split, -1 for
+    padding rows.
+  """
+  if not 0 <= process_index < process_count:
+    raise ValueError(f'process_index {process_index} is not in [0, {process_count})')
+  _hide_accelerators_from_tensorflow()
+  max_source, max_target = data_config.max_source_length, data_config.max_target_length
+  examples = tokenized_split(data_config, split, source_tok, target_tok)
+  examples = select_examples(examples, np.arange(examples.num_examples),
+                             max_source, max_target)
+  rows = -(-(batch_size or data_config.batch_size) // process_count)
+  global_rows = rows * process_count
+  num_batches = -(-examples.num_examples // global_rows)
+  source = _ragged_constant(examples.source_tokens, examples.source_splits)
+  target = _ragged_constant(examples.target_tokens, examples.target_splits)
+
+  def make_batch(batch_number):
+    first = tf.cast(batch_number, tf.int32) * global_rows + process_index * rows
+    chosen = tf.range(tf.minimum(first, examples.num_examples),
+                      tf.minimum(first + rows, examples.num_examples))
+    batch = pack_into_rows(tf.gather(source, chosen), tf.gather(target, chosen),
+                           tf.range(tf.size(chosen)), rows, max_source, max_target)
+    batch['example_index'] = tf.pad(chosen, [[0, rows - tf.size(chosen)]],
+                                    constant_values=-1)
+    return batch
+
+  dataset = tf.data.Dataset.range(num_batches).map(
+      make_batch, num_parallel_calls=tf.data.AUTOTUNE)
+  return _as_numpy(dataset)

@@ -1,0 +1,189 @@
+"""Reading raw (source, target) sentence pairs for a split.
+
+Kinds of source (`data.source`):
+  'builtin'  generated English -> German sentences (see builtin.py);
+  'tsv'      one file per split, lines 'source<TAB>target';
+  'files'    a line-aligned pair of files per split (Moses style);
+  'tfds'     a TensorFlow Datasets translation dataset, already prepared.
+Files may be gzip-compressed (name ends in '.gz') and may live anywhere
+tf.io.gfile reads (local paths, gs://...).
+
+Every problem with the input raises `DataError` (a ValueError) whose message
+names the file, the line and the fix; a missing file raises `MissingFileError`,
+which is also a FileNotFoundError.
+"""
+
+from __future__ import annotations
+
+import codecs
+import gzip
+import zlib
+
+import ml_collections
+
+from jaxformer.data import builtin
+
+SPLITS = ('train', 'dev', 'test')
+
+Pair = tuple[str, str]
+
+
+class DataError(ValueError):
+  """The configured data cannot be read; the message says how to fix it."""
+
+
+class MissingFileError(DataError, FileNotFoundError):
+  """A configured data file does not exist."""
+
+
+def read_bytes(path: str) -> bytes:
+  """Contents of a local or gs:// file, gunzipped if its name ends in '.gz'."""
+  import tensorflow as tf  # Deferred: the builtin source needs no TensorFlow.
+  if not tf.io.gfile.exists(path):
+    raise MissingFileError(f'{path}: no such file; check the path in the data config')
+  try:
+    with tf.io.gfile.GFile(path, 'rb') as f:
+      data = f.read()
+  except tf.errors.OpError as e:
+    raise DataError(f'{path}: cannot read it: {e.message}') from None
+  if path.endswith('.gz'):
+    try:
+      data = gzip.decompress(data)
+    except (OSError, EOFError, zlib.error) as e:
+      raise DataError(f'{path}: not a valid gzip file ({e}); decompress it or '
+                      'drop the .gz suffix if it is plain text') from None
+  return data
+
+
+def _decode_utf8(path: str, data: bytes) -> str:
+  if data.startswith(codecs.BOM_UTF8):
+    data = data[len(codecs.BOM_UTF8):]
+  try:
+    return data.decode('utf-8')
+  except UnicodeDecodeError as e:
+    line = data.count(b'\n', 0, e.start) + 1
+    raise DataError(
+        f'{path}:{line}: invalid UTF-8 ({e.reason} at byte {e.start}); '
+        're-encode the file as UTF-8, e.g. `iconv -f latin1 -t utf-8`') from None
+
+
+def read_lines(path: str) -> list[str]:
+  """The lines of a UTF-8 text file (plain or .gz), without line endings."""
+  text = _decode_utf8(path, read_bytes(path))
+  if not text or text.isspace():
+    raise DataError(f'{path}: the file is empty; point the data config at a '
+                    'file with one example per line')
+  lines = text.replace('\r\n', '\n').split('\n')
+  if lines[-1] == '':
+    lines.pop()
+  return lines
+
+
+def _configured_path(paths: ml_collections.ConfigDict, group: str, key: str) -> str:
+  path = paths.get(key)
+  if not path:
+    raise DataError(f'data.{group}.{key} is not set; give the path of the file')
+  return path
+
+
+def _read_builtin(data_config: ml_collections.ConfigDict, split: str) -> list[Pair]:
+  settings = data_config.builtin
+  return builtin.generate(settings[f'num_{split}'], settings.seed, split)
+
+
+def _tsv_error(path: str, line_number: int, num_tabs: int) -> DataError:
+  problem = 'no tab' if num_tabs == 0 else f'{num_tabs} tabs'
+  return DataError(
+      f'{path}:{line_number}: {problem}; each line must be '
+      "'source<TAB>target' with exactly one tab (remove tabs inside "
+      'sentences, and blank lines)')
+
+
+def _read_tsv(data_config: ml_collections.ConfigDict, split: str) -> list[Pair]:
+  path = _configured_path(data_config.tsv, 'tsv', split)
+  rows = [line.partition('\t') for line in read_lines(path)]
+  for line_number, (_, tab, target) in enumerate(rows, start=1):
+    if not tab or '\t' in target:
+      raise _tsv_error(path, line_number, len(tab) + target.count('\t'))
+  return [(source, target) for source, _, target in rows]
+
+
+def _read_file_pair(data_config: ml_collections.ConfigDict, split: str) -> list[Pair]:
+  source_path = _configured_path(data_config.files, 'files', f'{split}_source')
+  target_path = _configured_path(data_config.files, 'files', f'{split}_target')
+  sources, targets = read_lines(source_path), read_lines(target_path)
+  if len(sources) != len(targets):
+    raise DataError(
+        f'{source_path} has {len(sources)} lines but {target_path} has '
+        f'{len(targets)}; the files must be line-aligned (line i of one '
+        'translates line i of the other)')
+  return list(zip(sources, targets))
+
+
+def _tfds_builder(settings: ml_collections.ConfigDict):
+  import tensorflow_datasets as tfds  # Deferred: slow to import.
+  try:
+    return tfds.builder(settings.name, data_dir=settings.data_dir)
+  except tfds.core.registered.DatasetNotFoundError:
+    raise DataError(
+        f'unknown tfds dataset {settings.name!r} (data.tfds.name); use a name '
+        "from https://www.tensorflow.org/datasets/catalog, e.g. "
+        "'wmt14_translate/de-en'") from None
+
+
+def _prepare_tfds(builder, settings: ml_collections.ConfigDict) -> None:
+  if builder.is_prepared():
+    return
+  try:
+    builder.download_and_prepare()
+  except Exception as e:  # Download and build errors come in many types.
+    raise DataError(
+        f'tfds dataset {settings.name!r} is not prepared in {builder.data_dir} '
+        f'and preparing it failed ({type(e).__name__}: {e}); run `tfds build '
+        f'{settings.name} --data_dir=DIR` on a machine with internet access '
+        'and set data.tfds.data_dir=DIR') from None
+
+
+def _read_tfds(data_config: ml_collections.ConfigDict, split: str) -> list[Pair]:
+  settings = data_config.tfds
+  builder = _tfds_builder(settings)
+  languages = (settings.source_language, settings.target_language)
+  available = tuple(builder.info.features.keys())
+  if not set(languages) <= set(available):
+    raise DataError(
+        f'tfds dataset {settings.name!r} has features {available}, not '
+        f'{languages}; set data.tfds.source_language/target_language to two '
+        'of them')
+  _prepare_tfds(builder, settings)
+  tfds_split = settings[f'{split}_split']
+  try:
+    dataset = builder.as_dataset(split=tfds_split)
+  except (ValueError, KeyError) as e:
+    raise DataError(f'tfds dataset {settings.name!r} has no split {tfds_split!r} '
+                    f'({e}); set data.tfds.{split}_split') from None
+  pairs = dataset.map(lambda example: tuple(example[lang] for lang in languages))
+  return [(source.decode(), target.decode())
+          for sources, targets in pairs.batch(4096).as_numpy_iterator()
+          for source, target in zip(sources, targets)]
+
+
+_READERS = {
+    'builtin': _read_builtin,
+    'tsv': _read_tsv,
+    'files': _read_file_pair,
+    'tfds': _read_tfds,
+}
+
+
+def read_split(data_config: ml_collections.ConfigDict, split: str) -> list[Pair]:
+  """All (source, target) sentence pairs of `split` ('train', 'dev' or 'test')."""
+  if split not in SPLITS:
+    raise DataError(f'split must be one of {SPLITS}, got {split!r}')
+  if data_config.source not in _READERS:
+    raise DataError(f'unknown data.source {data_config.source!r}; use one of '
+                    f'{tuple(_READERS)}')
+  pairs = _READERS[data_config.source](data_config, split)
+  if not pairs:
+    raise DataError(f'the {split} split of data.source={data_config.source!r} '
+                    'has no examples; check its size or files')
+  return pairs

@@ -1,0 +1,227 @@
+"""SentencePiece tokenizers: training, loading, and the fixed special ids.
+
+Special ids are the same in every model jaxformer trains or accepts:
+
+  PAD_ID = 0  padding; also the decoder's start token: targets are shifted
+              right inside the model, with 0 at the start of each segment.
+  EOS_ID = 1  ends every encoded sequence (source and target).
+  UNK_ID = 2  pieces outside the vocabulary.
+  BOS_ID = 3  reserved, unused by translation.
+
+Models live as `<workdir>/tokenizer/joint.model` (one model for both sides)
+or `source.model` and `target.model`.  In a multi-process run only process 0
+trains or copies a model; the others wait for the file.  Files are written to a
+temporary name and renamed, so a waiting process never reads half a model.
+"""
+
+from __future__ import annotations
+
+import io
+import os
+import time
+from collections.abc import Iterable, Sequence
+
+import ml_collections
+import numpy as np
+import sentencepiece as spm
+
+from jaxformer.data import sources
+
+PAD_ID = 0
+EOS_ID = 1
+UNK_ID = 2
+BOS_ID = 3
+
+_SPECIAL_IDS = {'pad': PAD_ID, 'eos': EOS_ID, 'unk': UNK_ID, 'bos': BOS_ID}
+_SPECIAL_PIECES = {'pad': '<pad>', 'eos': '</s>', 'unk': '<unk>', 'bos': '<s>'}
+_POLL_SECONDS = 1.0
+
+
+class Tokenizer:
+  """A SentencePiece model whose special ids are PAD/EOS/UNK/BOS = 0/1/2/3."""
+
+  def __init__(self, processor: spm.SentencePieceProcessor, name: str = 'model'):
+    actual = {'pad': processor.pad_id(), 'eos': processor.eos_id(),
+              'unk': processor.unk_id(), 'bos': processor.bos_id()}
+    if actual != _SPECIAL_IDS:
+      raise sources.DataError(
+          f'{name}: special ids {actual} differ from jaxformer\'s '
+          f'{_SPECIAL_IDS}; retrain it with pad_id=0 eos_id=1 unk_id=2 '
+          'bos_id=3, or leave data.tokenizer.model_path empty so that '
+          'jaxformer trains one')
+    self._processor = processor
+
+  @classmethod
+  def from_serialized(cls, model_proto: bytes, name: str = 'model') -> Tokenizer:
+    """The inverse of `serialized_model_proto()`, e.g. from a checkpoint."""
+    processor = spm.SentencePieceProcessor()
+    try:
+      processor.LoadFromSerializedProto(model_proto)
+    except RuntimeError as e:
+      raise sources.DataError(f'{name}: not a SentencePiece model ({e})') from None
+    return cls(processor, name)
+
+  @property
+  def vocab_size(self) -> int:
+    return self._processor.vocab_size()
+
+  def serialized_model_proto(self) -> bytes:
+    return self._processor.serialized_model_proto()
+
+  def id_to_piece(self, token_id: int) -> str:
+    return self._processor.id_to_piece(int(token_id))
+
+  def encode(self, texts: Sequence[str]) -> list[list[int]]:
+    """Token ids of each text, each list ending with EOS_ID."""
+    return self._processor.encode(list(texts), out_type=int, add_eos=True,
+                                  num_threads=os.cpu_count() or 1)
+
+  def decode(self, ids: Iterable[int]) -> str:
+    """Text of `ids` [length] up to the first EOS_ID, ignoring PAD_ID."""
+    ids = np.asarray(ids, dtype=np.int64).reshape(-1)
+    eos_positions = np.flatnonzero(ids == EOS_ID)
+    if eos_positions.size:
+      ids = ids[:eos_positions[0]]
+    return self._processor.decode(ids[ids != PAD_ID].tolist())
+
+  def decode_batch(self, ids: np.ndarray) -> list[str]:
+    """Texts of each row of `ids` [batch, length]."""
+    return [self.decode(row) for row in ids]
+
+
+def _trainer_arguments(tok_config: ml_collections.ConfigDict) -> dict:
+  arguments = dict(
+      model_type=tok_config.type,
+      vocab_size=tok_config.vocab_size,
+      character_coverage=tok_config.character_coverage,
+      num_threads=os.cpu_count() or 1,
+  )
+  for name, token_id in _SPECIAL_IDS.items():
+    arguments[f'{name}_id'] = token_id
+    arguments[f'{name}_piece'] = _SPECIAL_PIECES[name]
+  return arguments
+
+
+def _write_atomically(path: str, contents: bytes) -> None:
+  import tensorflow as tf  # tf.io.gfile also writes gs:// paths.
+  tf.io.gfile.makedirs(os.path.dirname(path) or '.')
+  temporary = f'{path}.tmp-{os.getpid()}'
+  with tf.io.gfile.GFile(temporary, 'wb') as f:
+    f.write(contents)
+  tf.io.gfile.rename(temporary, path, overwrite=True)
+
+
+def train_tokenizer(texts: Iterable[str], model_prefix: str,
+                    tok_config: ml_collections.ConfigDict) -> Tokenizer:
+  """Trains a model on `texts` and writes it to `model_prefix + '.model'`."""
+  model = io.BytesIO()
+  try:
+    with open(os.devnull, 'w') as quiet:
+      spm.SentencePieceTrainer.train(
+          sentence_iterator=iter(texts), model_writer=model, logstream=quiet,
+          **_trainer_arguments(tok_config))
+  except RuntimeError as e:
+    raise sources.DataError(
+        f'training the tokenizer {model_prefix}.model failed: {e}; if the '
+        'vocabulary is too large for the data, lower '
+        'data.tokenizer.vocab_size') from None
+  _write_atomically(f'{model_prefix}.model', model.getvalue())
+  return Tokenizer.from_serialized(model.getvalue(), f'{model_prefix}.model')
+
+
+def load_tokenizer(path: str) -> Tokenizer:
+  """Reads a SentencePiece model file (local or gs://)."""
+  return Tokenizer.from_serialized(sources.read_bytes(path), path)
+
+
+def _check_vocab_size(tokenizer: Tokenizer, path: str, expected: int) -> None:
+  if tokenizer.vocab_size != expected:
+    raise sources.DataError(
+        f'{path} has a vocabulary of {tokenizer.vocab_size} pieces but '
+        f'data.tokenizer.vocab_size is {expected}; set '
+        f'data.tokenizer.vocab_size={tokenizer.vocab_size}, or use another '
+        'model (a trained model in the workdir is reused on resume)')
+
+
+def _given_model_paths(tok_config: ml_collections.ConfigDict) -> tuple[str, ...]:
+  if tok_config.joint:
+    return (tok_config.model_path,)
+  return (tok_config.get('source_model_path', ''),
+          tok_config.get('target_model_path', ''))
+
+
+def _training_texts(data_config: ml_collections.ConfigDict
+                    ) -> tuple[list[str], ...]:
+  """A seeded sample of train sentences per model: (joint,) or (source, target)."""
+  pairs = sources.read_split(data_config, 'train')
+  sample_size = min(data_config.tokenizer.sample_size, len(pairs))
+  rng = np.random.default_rng(data_config.seed)
+  chosen = np.sort(rng.choice(len(pairs), sample_size, replace=False))
+  source_texts = [pairs[i][0] for i in chosen]
+  target_texts = [pairs[i][1] for i in chosen]
+  if data_config.tokenizer.joint:
+    return (source_texts + target_texts,)
+  return source_texts, target_texts
+
+
+def _create_models(data_config: ml_collections.ConfigDict,
+                   model_paths: Sequence[str]) -> None:
+  """Copies the configured models to `model_paths`, or trains them there."""
+  tok_config = data_config.tokenizer
+  given_paths = _given_model_paths(tok_config)
+  if any(given_paths) and not all(given_paths):
+    raise sources.DataError(
+        'data.tokenizer.joint is False, so set both source_model_path and '
+        'target_model_path, or neither (to train both)')
+  if all(given_paths):
+    for given, destination in zip(given_paths, model_paths):
+      tokenizer = load_tokenizer(given)
+      _check_vocab_size(tokenizer, given, tok_config.vocab_size)
+      _write_atomically(destination, tokenizer.serialized_model_proto())
+    return
+  for texts, path in zip(_training_texts(data_config), model_paths):
+    train_tokenizer(texts, path[:-len('.model')], tok_config)
+
+
+def _wait_for(path: str, timeout_seconds: float) -> None:
+  import tensorflow as tf
+  deadline = time.monotonic() + timeout_seconds
+  while not tf.io.gfile.exists(path):
+    if time.monotonic() > deadline:
+      raise TimeoutError(
+          f'waited {timeout_seconds:.0f}s for process 0 to write {path}; check '
+          "process 0's log, or raise data.tokenizer.wait_seconds")
+    time.sleep(_POLL_SECONDS)
+
+
+def model_paths(data_config: ml_collections.ConfigDict, workdir: str) -> tuple[str, ...]:
+  """Where a run keeps its tokenizer models: (joint,) or (source, target)."""
+  names = ('joint',) if data_config.tokenizer.joint else ('source', 'target')
+  return tuple(os.path.join(workdir, 'tokenizer', f'{name}.model') for name in names)
+
+
+def get_or_train(data_config: ml_collections.ConfigDict, workdir: str, *,
+                 process_index: int | None = None) -> tuple[Tokenizer, Tokenizer]:
+  """(source, target) tokenizers of a run: reused, copied, or trained.
+
+  Order of preference: models already in `workdir/tokenizer/` (a resumed
+  run), then `data.tokenizer.model_path` (or source_/target_model_path when
+  not joint), then a model trained on a sample of the train split.  For a
+  joint model both returned tokenizers are the same object.
+  """
+  import tensorflow as tf
+  if process_index is None:
+    import jax
+    process_index = jax.process_index()
+  tok_config = data_config.tokenizer
+  paths = model_paths(data_config, workdir)
+  if process_index == 0 and not all(map(tf.io.gfile.exists, paths)):
+    _create_models(data_config, paths)
+  tokenizers = []
+  for path in paths:
+    _wait_for(path, tok_config.get('wait_seconds', 3600))
+    tokenizers.append(load_tokenizer(path))
+    _check_vocab_size(tokenizers[-1], path, tok_config.vocab_size)
+  if tok_config.joint:
+    return tokenizers[0], tokenizers[0]
+  return tokenizers[0], tokenizers[1]

@@ -1,0 +1,218 @@
+"""Using a trained translator: batched decoding of sentences, BLEU and chrF
+(sacrebleu's standard settings, on detokenised text) and exact match."""
+import math
+from collections.abc import Iterable, Iterator, Sequence
+
+import jax
+import ml_collections
+import numpy as np
+import sacrebleu
+from jax.experimental import multihost_utils
+
+from jaxformer import decode
+from jaxformer import parallel
+from jaxformer.data import pipeline
+from jaxformer.data import sources
+from jaxformer.data.tokenizer import EOS_ID, Tokenizer
+from jaxformer.model.config import ModelConfig
+
+
+def corpus_scores(hypotheses: Sequence[str],
+                  references: Sequence[str]) -> dict[str, float]:
+  """Corpus BLEU and chrF (sacrebleu defaults) and exact match, in percent."""
+  if len(hypotheses) != len(references):
+    raise ValueError(f'{len(hypotheses)} hypotheses for {len(references)} '
+                     'references.')
+  if not references:
+    return {'bleu': 0.0, 'chrf': 0.0, 'exact_match': 0.0}
+  exact = np.mean([h.strip() == r.strip()
+                   for h, r in zip(hypotheses, references)])
+  return {
+      'bleu': sacrebleu.corpus_bleu(hypotheses, [references]).score,
+      'chrf': sacrebleu.corpus_chrf(hypotheses, [references]).score,
+      'exact_match': 100.0 * float(exact),
+  }
+
+
+def decode_tokens(params, model_config: ModelConfig, inputs, *,
+                  beam_size: int, alpha: float, max_decode_len: int,
+                  eos_id: int = EOS_ID) -> jax.Array:
+  """Best translation's tokens [batch, max_decode_len] (greedy if beam 1)."""
+  if beam_size <= 1:
+    return decode.greedy_decode(params, model_config, inputs,
+                                max_decode_len=max_decode_len, eos_id=eos_id)
+  tokens, _ = decode.beam_search(params, model_config, inputs,
+                                 beam_size=beam_size, alpha=alpha,
+                                 max_decode_len=max_decode_len, eos_id=eos_id)
+  return tokens[:, 0]
+
+
+def _round_up(n: int, multiple: int = 16) -> int:
+  return int(math.ceil(n / multiple) * multiple)
+
+
+def encode_sources(source_tok: Tokenizer, sentences: Sequence[str],
+                   max_length: int, on_too_long: str = 'truncate'
+                   ) -> tuple[np.ndarray, list[int]]:
+  """Token rows [len(sentences), width] (width a multiple of 16, so few
+  shapes compile) and the indices of truncated sentences. An empty line
+  becomes an all-padding row."""
+  ids = [source_tok.encode([s])[0] if s.strip() else [] for s in sentences]
+  too_long = [i for i, row in enumerate(ids) if len(row) > max_length]
+  if too_long and on_too_long == 'error':
+    raise ValueError(
+        f'Line {too_long[0] + 1} has {len(ids[too_long[0]])} tokens, more '
+        f'than the model maximum {max_length}; shorten it or drop '
+        '--on-too-long=error to truncate.')
+  width = _round_up(max(1, max((min(len(r), max_length) for r in ids),
+                               default=1)))
+  width = min(width, max(max_length, 1))
+  rows = np.zeros((len(ids), width), np.int32)
+  for i, row in enumerate(ids):
+    row = row[:max_length]
+    if row and len(row) == max_length and row[-1] != EOS_ID:
+      row[-1] = EOS_ID
+    rows[i, :len(row)] = row
+  return rows, too_long
+
+
+def translate(params, model_config: ModelConfig, source_tok: Tokenizer,
+              target_tok: Tokenizer, sentences: Iterable[str], *,
+              beam_size: int = 4, alpha: float = 0.6, max_extra_len: int = 50,
+              batch_size: int = 64, max_source_length: int | None = None,
+              on_too_long: str = 'truncate',
+              warn=print) -> Iterator[str]:
+  """Translations of `sentences`, in order, decoded in batches as they come.
+
+  Empty lines translate to empty lines. Lines longer than the model's
+  maximum are truncated (with a warning) or, with on_too_long='error',
+  raise.
+  """
+  max_source_length = max_source_length or model_config.max_len
+  batch: list[str] = []
+  line = 0
+
+  def flush(batch):
+    rows, truncated = encode_sources(source_tok, batch, max_source_length,
+                                     on_too_long)
+    for i in truncated:
+      warn(f'warning: line {line - len(batch) + i + 1} is longer than '
+           f'{max_source_length} tokens and was truncated.')
+    padded = np.zeros((batch_size, rows.shape[1]), np.int32)
+    padded[:len(rows)] = rows
+    longest = int((rows != 0).sum(1).max(initial=0))
+    decode_len = min(model_config.max_len,
+                     _round_up(longest + max_extra_len))
+    tokens = np.asarray(decode_tokens(params, model_config, padded,
+                                      beam_size=beam_size, alpha=alpha,
+                                      max_decode_len=decode_len))
+    return [target_tok.decode(t) if s.strip() else ''
+            for t, s in zip(tokens[:len(batch)], batch)]
+
+  for sentence in sentences:
+    batch.append(sentence.rstrip('\n'))
+    line += 1
+    if len(batch) == batch_size:
+      yield from flush(batch)
+      batch = []
+  if batch:
+    yield from flush(batch)
+
+
+def evaluate_translation(params, model_config: ModelConfig,
+                         config: ml_collections.ConfigDict,
+                         source_tok: Tokenizer, target_tok: Tokenizer,
+                         split: str, mesh, *, max_examples: int = 0,
+                         beam_size: int | None = None,
+                         alpha: float | None = None) -> dict[str, float]:
+  """BLEU, chrF and exact match of `split` (its first `max_examples`, or
+  all), every example decoded exactly once across processes."""
+  scores, _ = decode_split(params, model_config, config, source_tok,
+                           target_tok, split, mesh, max_examples=max_examples,
+                           beam_size=beam_size, alpha=alpha)
+  return scores
+
+
+def decode_split(params, model_config: ModelConfig,
+                 config: ml_collections.ConfigDict, source_tok: Tokenizer,
+                 target_tok: Tokenizer, split: str, mesh, *,
+                 max_examples: int = 0, beam_size: int | None = None,
+                 alpha: float | None = None):
+  """(scores, hypotheses in split order) for `split`."""
+  beam_size = config.decode.beam_size if beam_size is None else beam_size
+  alpha = config.decode.alpha if alpha is None else alpha
+  references = [target for _, target in sources.read_split(config.data, split)]
+  if max_examples:
+    references = references[:max_examples]
+  hypotheses: dict[int, str] = {}
+  decode_len = min(model_config.max_len, config.data.max_target_length
+                   + config.decode.max_extra_len)
+  batches = pipeline.eval_batches(
+      config.data, source_tok, target_tok, split,
+      batch_size=config.decode.batch_size, process_index=jax.process_index(),
+      process_count=jax.process_count())
+  for local in batches:
+    inputs = parallel.global_batch({'inputs': local['inputs'],
+                                    'index': local['example_index']}, mesh)
+    tokens = decode_tokens(params, model_config, inputs['inputs'],
+                           beam_size=beam_size, alpha=alpha,
+                           max_decode_len=decode_len)
+    tokens = multihost_utils.process_allgather(tokens, tiled=True)
+    indices = multihost_utils.process_allgather(inputs['index'], tiled=True)
+    for index, row in zip(np.asarray(indices), np.asarray(tokens)):
+      if 0 <= index < len(references):
+        hypotheses[int(index)] = target_tok.decode(row)
+    if len(hypotheses) >= len(references):
+      break
+  ordered = [hypotheses[i] for i in range(len(references))]
+  return corpus_scores(ordered, references), ordered
+
+
+def load_trained(workdir: str, step: int | None = None):
+  """(params, ModelConfig, config, source_tok, target_tok) of the latest (or
+  the given) checkpoint in `workdir`, on this process's devices."""
+  import os
+  from jaxformer import checkpoint as checkpoint_lib
+  from jaxformer.model import config as model_config_lib
+  from jaxformer.tasks import get_task
+  from jaxformer.train import schedule as schedules
+  from jaxformer.train.loop import example_batch
+  from jaxformer.train.state import state_shardings
+
+  if not os.path.isdir(os.path.join(workdir, 'checkpoints')):
+    raise FileNotFoundError(
+        f'No checkpoints in {workdir}: train first with `jaxformer train '
+        f'--config ... --workdir {workdir}`, or pass the --workdir of a run.')
+  saved = ml_collections.ConfigDict(
+      {'checkpoint': {'every': 0, 'keep': 1, 'best_metric': '',
+                      'best_mode': 'max', 'async_save': False}})
+  checkpoints = checkpoint_lib.Checkpointer(workdir, saved.checkpoint,
+                                            read_only=True)
+  steps = checkpoints.manager.all_steps()
+  if not steps:
+    raise FileNotFoundError(f'{checkpoints.directory} holds no checkpoint; '
+                            'train first or check the --workdir.')
+  if step is not None and step not in steps:
+    raise FileNotFoundError(f'No checkpoint of step {step} in '
+                            f'{checkpoints.directory}; there are {sorted(steps)}.')
+  candidates = [step] if step is not None else sorted(steps, reverse=True)
+  errors = []
+  for candidate in candidates:
+    try:
+      extra = checkpoints.restore_extra(candidate)
+      config = ml_collections.ConfigDict(extra['config'])
+      model_config = model_config_lib.from_config_dict(config.model)
+      task = get_task(config.task)
+      tx = schedules.make_optimizer(config.train, schedules.make_schedule(
+          config.train, model_config.d_model))
+      mesh = parallel.make_mesh({'data': -1}, jax.local_devices())
+      abstract, shardings = state_shardings(
+          task, task.model(model_config), tx, example_batch(config), mesh,
+          parallel.axis_rules(config.mesh.axis_rules), config.train.prng_impl)
+      state = checkpoints.restore(candidate, abstract, shardings)
+      tokenizers = checkpoint_lib.tokenizers_from_extra(extra)
+      return state.params, model_config, config, tokenizers[0], tokenizers[-1]
+    except Exception as e:  # A damaged step: try the previous one.
+      errors.append(f'step {candidate}: {type(e).__name__}: {e}')
+  raise RuntimeError(f'No checkpoint in {checkpoints.directory} could be '
+                     'restored: ' + '; '.join(errors))

@@ -1,0 +1,274 @@
+"""`jaxformer train`: the training loop around the jitted step.
+
+Everything with side effects lives here: the workdir, tokenizers, the data
+stream, checkpoints, metrics, evaluation and signals.
+"""
+import os
+import signal
+import time
+
+import jax
+import jax.numpy as jnp
+import ml_collections
+import numpy as np
+
+from jaxformer import checkpoint as checkpoint_lib
+from jaxformer import parallel
+from jaxformer.data import pipeline
+from jaxformer.data import tokenizer as tokenizer_lib
+from jaxformer.model import config as model_config_lib
+from jaxformer.tasks import get_task
+from jaxformer.train import flops as flops_lib
+from jaxformer.train import loss as losses
+from jaxformer.train import schedule as schedules
+from jaxformer.train.metrics import MetricsWriter, Progress
+from jaxformer.train.state import TrainState, create_train_state, state_shardings
+from jaxformer.train.step import compile_eval_step, compile_train_step
+
+
+class NonFiniteLossError(RuntimeError):
+  """The loss or gradient norm became NaN or Inf."""
+
+
+class StopRequested:
+  """Set by SIGTERM (preemption, schedulers) or Ctrl-C; the loop saves a
+  checkpoint at the current step and exits cleanly."""
+
+  def __init__(self):
+    self.signal_name = None
+    self._previous = {}
+
+  def __enter__(self):
+    for sig in (signal.SIGTERM, signal.SIGINT):
+      self._previous[sig] = signal.signal(sig, self._handle)
+    return self
+
+  def _handle(self, signum, frame):
+    del frame
+    self.signal_name = signal.Signals(signum).name
+
+  def __exit__(self, *exc):
+    for sig, handler in self._previous.items():
+      signal.signal(sig, handler)
+
+  def __bool__(self):
+    return self.signal_name is not None
+
+
+def with_vocabulary(config: ml_collections.ConfigDict, source_tok,
+                    target_tok) -> ml_collections.ConfigDict:
+  """The model's vocabulary sizes follow the tokenizers."""
+  config = ml_collections.ConfigDict(config.to_dict())
+  config.model.vocab_size = source_tok.vocab_size
+  config.model.target_vocab_size = (
+      0 if target_tok.vocab_size == source_tok.vocab_size
+      else target_tok.vocab_size)
+  return config
+
+
+def example_batch(config: ml_collections.ConfigDict) -> dict[str, np.ndarray]:
+  """A one-row batch of the configured shapes, for shape inference."""
+  shape = {'inputs': config.data.max_source_length,
+           'targets': config.data.max_target_length}
+  batch = {}
+  for prefix, length in shape.items():
+    for suffix in ('', '_segment_ids', '_positions'):
+      batch[prefix + suffix] = np.ones((1, length), np.int32)
+  batch['labels'] = np.zeros((1,), np.int32)
+  batch['values'] = np.zeros((1, config.model.regression_dim), np.float32)
+  return batch
+
+
+def measure_peak_flops(seconds: float = 0.5) -> float:
+  """FLOP/s of one device on a large float32 matmul (bf16 on accelerators)."""
+  device = jax.devices()[0]
+  dtype = jnp.float32 if device.platform == 'cpu' else jnp.bfloat16
+  n = 1024 if device.platform == 'cpu' else 8192
+  a = jnp.ones((n, n), dtype)
+  matmul = jax.jit(lambda x: x @ x)
+  matmul(a).block_until_ready()
+  count, start = 0, time.perf_counter()
+  while time.perf_counter() - start < seconds:
+    matmul(a).block_until_ready()
+    count += 1
+  return 2 * n ** 3 * count / (time.perf_counter() - start)
+
+
+class Trainer:
+  """Holds what a run needs between steps; `run()` trains to num_steps."""
+
+  def __init__(self, config: ml_collections.ConfigDict, workdir: str):
+    parallel.initialize_distributed(config.distributed)
+    self.workdir = workdir
+    self.is_main = jax.process_index() == 0
+    self.checkpoints = checkpoint_lib.Checkpointer(workdir, config.checkpoint)
+    self.source_tok, self.target_tok = tokenizer_lib.get_or_train(
+        config.data, workdir)
+    self.config = with_vocabulary(config, self.source_tok, self.target_tok)
+    self.checkpoints.check_compatible(self.config)
+    self.checkpoints.set_extra(self.config, (self.source_tok, self.target_tok))
+    if self.is_main:
+      with open(os.path.join(workdir, 'config.json'), 'w') as f:
+        f.write(self.config.to_json_best_effort(indent=2))
+    self.model_config = model_config_lib.from_config_dict(self.config.model)
+    self.task = get_task(self.config.task)
+    self.mesh = parallel.make_mesh(
+        {axis: self.config.mesh[axis] for axis in parallel.MESH_AXES})
+    self.rules = parallel.axis_rules(self.config.mesh.axis_rules)
+    train = self.config.train
+    self.schedule = schedules.make_schedule(train, self.model_config.d_model)
+    self.tx = schedules.make_optimizer(train, self.schedule)
+    self.example_batch = example_batch(self.config)
+
+  def initial_state(self) -> TrainState:
+    """The latest good checkpoint's state, or a fresh one."""
+    model = self.task.model(self.model_config)
+    abstract, shardings = state_shardings(
+        self.task, model, self.tx, self.example_batch, self.mesh, self.rules,
+        self.config.train.prng_impl)
+    restored = self.checkpoints.restore_latest(abstract, shardings)
+    if restored is not None:
+      self.log(f'Resuming from the checkpoint of step {int(restored.step)} '
+               f'in {self.checkpoints.directory}.')
+      return restored
+    return create_train_state(self.task, model, self.tx, self.example_batch,
+                              self.mesh, self.rules, self.config.seed,
+                              self.config.train.prng_impl)
+
+  def log(self, text: str) -> None:
+    if self.is_main:
+      print(text, flush=True)
+
+  def run(self) -> dict:
+    config, train = self.config, self.config.train
+    state = self.initial_state()
+    start_step = int(state.step)
+    shardings = jax.tree.map(lambda x: x.sharding, state)
+    batches = pipeline.train_batches(
+        config.data, self.source_tok, self.target_tok, start_step=start_step,
+        process_index=jax.process_index(), process_count=jax.process_count())
+    writer = MetricsWriter(self.workdir, enabled=self.is_main)
+    progress = Progress(train.num_steps, start_step, enabled=self.is_main)
+    peak_flops = train.peak_flops or measure_peak_flops()
+    final = {}
+    with parallel.activate(self.mesh, self.rules), StopRequested() as stop:
+      step_fn = compile_train_step(
+          self.mesh, shardings, task=self.task,
+          model=self.task.model(self.model_config, deterministic=False),
+          tx=self.tx, schedule=self.schedule,
+          label_smoothing=train.label_smoothing,
+          grad_accum_steps=train.grad_accum_steps, prng_impl=train.prng_impl)
+      pending, window_start, window_tokens = [], time.perf_counter(), 0
+      window_flops = 0.0
+      step = start_step
+      while step < train.num_steps:
+        local = next(batches)
+        state, metrics = step_fn(state, parallel.global_batch(local, self.mesh))
+        step += 1
+        pending.append((step, metrics))
+        window_tokens += self._tokens(local) * jax.process_count()
+        window_flops += self._flops(local)
+        boundary = (step % train.log_every == 0 or step == train.num_steps
+                    or self._eval_due(step) or self.checkpoints.due(step)
+                    or bool(stop))
+        if not boundary:
+          continue
+        records = self._check_finite(pending, state)
+        pending = []
+        elapsed = time.perf_counter() - window_start
+        final = dict(records[-1][1])
+        final.update(tokens_per_second=window_tokens / elapsed,
+                     step_time=elapsed / len(records),
+                     mfu=window_flops / elapsed / (peak_flops * jax.device_count()))
+        final['skipped_steps'] = float(sum(1 - r['finite'] for _, r in records))
+        writer.write(step, final)
+        progress.update(step, final)
+        if self._eval_due(step) or step == train.num_steps:
+          eval_metrics = self.evaluate(state)
+          writer.write(step, eval_metrics, prefix='eval_')
+          progress.log(f'step {step}: ' + ' '.join(
+              f'eval_{k}={v:.4g}' for k, v in eval_metrics.items()))
+          final.update({f'eval_{k}': v for k, v in eval_metrics.items()})
+          self.checkpoints.save(step, state, final, force=True)
+        elif self.checkpoints.due(step) or stop:
+          self.checkpoints.save(step, state, final, force=bool(stop))
+        if stop:
+          self.checkpoints.wait()
+          progress.close()
+          self.log(f'{stop.signal_name} received: saved the checkpoint of step '
+                   f'{step} in {self.checkpoints.directory}; run the same '
+                   'command again to resume.')
+          break
+        window_start, window_tokens, window_flops = time.perf_counter(), 0, 0.0
+      self.checkpoints.wait()
+    progress.close()
+    writer.close()
+    self.state = state
+    return final
+
+  def _tokens(self, local) -> int:
+    return int(sum(np.count_nonzero(local[k]) for k in ('inputs', 'targets')
+                   if k in local))
+
+  def _flops(self, local) -> float:
+    rows = next(iter(local.values())).shape[0] * jax.process_count()
+    return flops_lib.training_flops_per_step(
+        self.model_config, self.task.name, rows,
+        local['inputs'].shape[1] if 'inputs' in local else 0,
+        local['targets'].shape[1] if 'targets' in local else 0)
+
+  def _eval_due(self, step: int) -> bool:
+    every = self.config.eval.every
+    return bool(every) and step % every == 0
+
+  def _check_finite(self, pending, state):
+    """Fetches the window's metrics; a non-finite step stops the run (or is
+    counted, with nan_policy='skip'). Bad updates were never applied."""
+    records = [(s, jax.device_get(m)) for s, m in pending]
+    for s, metrics in records:
+      if metrics['finite'] < 1 and self.config.train.nan_policy == 'stop':
+        last = self.checkpoints.latest_step()
+        raise NonFiniteLossError(
+            f'Non-finite loss or gradient at step {s} (loss='
+            f'{float(metrics["loss"])}, grad_norm='
+            f'{float(metrics["grad_norm"])}). The last good checkpoint is '
+            f'step {last} in {self.checkpoints.directory}; nothing newer was '
+            'saved. Lower train.learning_rate or set '
+            'train.grad_clip_norm, or --config.train.nan_policy=skip to skip '
+            'such steps.')
+    return [(s, {k: float(np.asarray(v)) for k, v in m.items()
+                 if np.ndim(v) == 0}) for s, m in records]
+
+  def evaluate(self, state: TrainState) -> dict[str, float]:
+    """Loss metrics on the eval split (and BLEU for translation)."""
+    from jaxformer import evaluate as evaluate_lib
+    eval_config = self.config.eval
+    model = self.task.model(self.model_config)
+    param_shardings = jax.tree.map(lambda x: x.sharding, state.params)
+    eval_fn = compile_eval_step(self.mesh, param_shardings, task=self.task,
+                                model=model)
+    totals = None
+    batches = pipeline.eval_batches(
+        self.config.data, self.source_tok, self.target_tok, eval_config.split,
+        process_index=jax.process_index(), process_count=jax.process_count())
+    for index, local in enumerate(batches):
+      if eval_config.num_batches and index >= eval_config.num_batches:
+        break
+      local = {k: v for k, v in local.items() if k != 'example_index'}
+      sums = eval_fn(state.params, parallel.global_batch(local, self.mesh))
+      totals = sums if totals is None else jax.tree.map(jnp.add, totals, sums)
+    metrics = {k: float(np.asarray(v))
+               for k, v in jax.device_get(losses.summarise(totals)).items()
+               if np.ndim(v) == 0 and k != 'weight'}
+    if self.task.name == 'translation' and eval_config.bleu_examples:
+      metrics.update(evaluate_lib.evaluate_translation(
+          state.params, self.model_config, self.config, self.source_tok,
+          self.target_tok, eval_config.split, self.mesh,
+          max_examples=eval_config.bleu_examples, beam_size=1))
+    return metrics
+
+
+def train(config: ml_collections.ConfigDict, workdir: str) -> dict:
+  """Trains (or resumes) in `workdir`; returns the last logged metrics."""
+  os.makedirs(workdir, exist_ok=True)
+  return Trainer(config, workdir).run()

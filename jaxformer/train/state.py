@@ -1,0 +1,62 @@
+"""The train state, initialised directly into its sharded layout."""
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import optax
+from flax import linen as nn
+from flax import struct
+from jax.sharding import Mesh
+
+from jaxformer import parallel
+
+
+class TrainState(struct.PyTreeNode):
+  """Everything that changes during training; pure data, so it checkpoints
+  as it is. `rng` holds raw key data (uint32) of the configured PRNG."""
+  step: jax.Array
+  params: Any
+  opt_state: Any
+  rng: jax.Array
+
+
+def _init_fn(task, model, tx, example_batch, prng_impl):
+  def init(seed):
+    key = jax.random.key(seed, impl=prng_impl)
+    init_key, dropout_key = jax.random.split(key)
+    params = task.init_variables(model, init_key, example_batch)['params']
+    return TrainState(step=jnp.array(0, jnp.int32), params=params,
+                      opt_state=tx.init(params),
+                      rng=jax.random.key_data(dropout_key))
+  return init
+
+
+def state_shardings(task, model, tx, example_batch, mesh: Mesh, rules,
+                    prng_impl: str = 'threefry2x32'):
+  """(abstract state, NamedSharding tree): shapes and placement of the state
+  without allocating it."""
+  boxed = jax.eval_shape(_init_fn(task, model, tx, example_batch, prng_impl), 0)
+  shardings = parallel.logical_shardings(nn.get_partition_spec(boxed), mesh,
+                                         rules)
+  return nn.unbox(boxed), shardings
+
+
+def create_train_state(task, model: nn.Module, tx: optax.GradientTransformation,
+                       example_batch, mesh: Mesh, rules, seed: int,
+                       prng_impl: str = 'threefry2x32') -> TrainState:
+  """Initialises parameters and optimizer state on their devices, each shard
+  where it belongs: nothing is materialised whole on one device or host.
+
+  Args:
+    example_batch: a dict of arrays (any batch size) fixing the input shapes.
+  """
+  _, shardings = state_shardings(task, model, tx, example_batch, mesh, rules,
+                                 prng_impl)
+  init = _init_fn(task, model, tx, example_batch, prng_impl)
+  with parallel.activate(mesh, rules):
+    return jax.jit(lambda seed: nn.unbox(init(seed)),
+                   out_shardings=shardings)(seed)
+
+
+def count_params(params) -> int:
+  return sum(int(x.size) for x in jax.tree.leaves(params))

@@ -1,0 +1,112 @@
+"""The train and eval steps: pure functions of (state, batch), jit-compiled
+with shardings on the mesh. They know nothing of files or data sources."""
+import functools
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import optax
+from flax import linen as nn
+from jax.sharding import Mesh
+
+from jaxformer import parallel
+from jaxformer.train import loss as losses
+from jaxformer.train.state import TrainState
+
+
+def _microbatches(batch: dict[str, jax.Array], count: int):
+  """[rows, ...] -> [count, rows / count, ...]; microbatch j holds rows
+  j, j + count, ..., so each device keeps its own rows (no communication)."""
+  def split(x):
+    rows = x.shape[0]
+    if rows % count:
+      raise ValueError(f'Batch of {rows} rows is not divisible into '
+                       f'train.grad_accum_steps={count} microbatches.')
+    x = x.reshape((rows // count, count) + x.shape[1:])
+    x = jnp.swapaxes(x, 0, 1)
+    return nn.with_logical_constraint(
+        x, (None, 'batch') + (None,) * (x.ndim - 2))
+  return jax.tree.map(split, batch)
+
+
+def _select(pred, on_true, on_false):
+  return jax.tree.map(lambda a, b: jnp.where(pred, a, b), on_true, on_false)
+
+
+def train_step(state: TrainState, batch: dict[str, jax.Array], *, task, model,
+               tx: optax.GradientTransformation, schedule: optax.Schedule,
+               label_smoothing: float, grad_accum_steps: int, prng_impl: str
+               ) -> tuple[TrainState, dict[str, jax.Array]]:
+  """One optimizer update from a global batch.
+
+  The loss is summed over real tokens (or examples) of every microbatch and
+  divided once by their global count, so k microbatches give the update of
+  one batch k times larger. A non-finite loss or gradient leaves the state
+  unchanged (metrics['finite'] = 0); the loop decides to stop or skip.
+  """
+  step_key = jax.random.fold_in(
+      jax.random.wrap_key_data(state.rng, impl=prng_impl), state.step)
+
+  def sums_and_grads(micro_batch, key):
+    def loss_sum(params):
+      sums = task.loss_sums(model, params, micro_batch, {'dropout': key},
+                            label_smoothing)
+      return sums['loss'], sums
+    grads, sums = jax.grad(loss_sum, has_aux=True)(state.params)
+    return sums, grads
+
+  if grad_accum_steps == 1:
+    sums, grads = sums_and_grads(batch, step_key)
+  else:
+    def accumulate(carry, inputs):
+      index, micro_batch = inputs
+      sums, grads = sums_and_grads(micro_batch,
+                                   jax.random.fold_in(step_key, index))
+      return jax.tree.map(jnp.add, carry, (sums, grads)), None
+    zeros = jax.tree.map(
+        jnp.zeros_like,
+        jax.eval_shape(sums_and_grads, jax.tree.map(
+            lambda x: x[0], _microbatches(batch, grad_accum_steps)), step_key))
+    (sums, grads), _ = jax.lax.scan(
+        accumulate, zeros,
+        (jnp.arange(grad_accum_steps), _microbatches(batch, grad_accum_steps)))
+
+  count = jnp.maximum(sums['weight'], 1.0)
+  grads = jax.tree.map(lambda g: g / count, grads)
+  grad_norm = optax.global_norm(grads)
+  updates, opt_state = tx.update(grads, state.opt_state, state.params)
+  params = optax.apply_updates(state.params, updates)
+
+  metrics = losses.summarise(sums)
+  finite = jnp.isfinite(metrics['loss']) & jnp.isfinite(grad_norm)
+  new_state = state.replace(step=state.step + 1,
+                            params=_select(finite, params, state.params),
+                            opt_state=_select(finite, opt_state,
+                                              state.opt_state))
+  metrics.update(grad_norm=grad_norm, learning_rate=schedule(state.step),
+                 finite=finite.astype(jnp.float32))
+  return new_state, metrics
+
+
+def eval_sums(params: Any, batch: dict[str, jax.Array], *, task, model
+              ) -> dict[str, jax.Array]:
+  """Loss/metric sums of one eval batch (no dropout, no smoothing)."""
+  return task.loss_sums(model, params, batch, {}, 0.0)
+
+
+def compile_train_step(mesh: Mesh, shardings: TrainState, **step_kwargs):
+  """`train_step` jitted on `mesh`: state stays in `shardings` and is
+  donated, batch is split over the batch axes, metrics are replicated.
+  Call it inside `parallel.activate(mesh, rules)`."""
+  return jax.jit(
+      functools.partial(train_step, **step_kwargs),
+      in_shardings=(shardings, parallel.batch_sharding(mesh)),
+      out_shardings=(shardings, parallel.replicated(mesh)),
+      donate_argnums=(0,))
+
+
+def compile_eval_step(mesh: Mesh, param_shardings: Any, **step_kwargs):
+  return jax.jit(
+      functools.partial(eval_sums, **step_kwargs),
+      in_shardings=(param_shardings, parallel.batch_sharding(mesh)),
+      out_shardings=parallel.replicated(mesh))
