@@ -158,7 +158,8 @@ def _check_config(config: ModelConfig):
            if getattr(config, k) != v}
   if wrong:
     raise ValueError(f'The torch reference model needs config {wanted}; '
-                     f'got {wrong}. Use config_from_torch/config_from_state_dict.')
+                     f'got {wrong}. Use config_from_torch or '
+                     'config_from_state_dict.')
 
 
 def params_from_torch_state_dict(state_dict: Mapping[str, Any],
@@ -197,6 +198,9 @@ def params_from_torch_state_dict(state_dict: Mapping[str, Any],
     params = {name: {'kernel': w[j * d:(j + 1) * d].T.reshape(d, n, h),
                      'bias': b[j * d:(j + 1) * d].reshape(n, h)}
               for j, name in enumerate(('query', 'key', 'value'))}
+    # jaxformer has no key bias: it adds q.b_k to all logits of a query,
+    # which the softmax cancels, so dropping torch's changes nothing.
+    del params['key']['bias']
     params['out'] = {
         'kernel': sd[f'{prefix}.out_proj.weight'].T.reshape(n, h, d),
         'bias': sd[f'{prefix}.out_proj.bias']}

@@ -1,0 +1,82 @@
+"""Building blocks: sinusoidal positions, embeddings, feed-forward network."""
+import math
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from flax import linen as nn
+
+from jaxformer.model import ModelConfig
+from jaxformer.model.layers import (AddPositions, Embed, FeedForward,
+                                    sinusoidal_positions)
+
+CONFIG = ModelConfig(vocab_size=50, d_model=32, num_heads=4, d_ff=64,
+                     max_len=64)
+
+
+def test_sinusoidal_positions_follow_the_paper_formula():
+  table = sinusoidal_positions(50, 16)
+  assert table.shape == (50, 16) and table.dtype == np.float32
+  for pos in (0, 1, 7, 49):
+    for i in range(8):
+      angle = pos / 10000 ** (2 * i / 16)
+      assert math.isclose(table[pos, 2 * i], math.sin(angle), abs_tol=1e-6)
+      assert math.isclose(table[pos, 2 * i + 1], math.cos(angle), abs_tol=1e-6)
+
+
+def test_sinusoidal_positions_with_odd_width():
+  table = sinusoidal_positions(5, 7)
+  assert table.shape == (5, 7)
+  assert math.isclose(table[3, 6], math.sin(3 / 10000 ** (6 / 7)), abs_tol=1e-6)
+
+
+def test_sinusoidal_positions_are_added_at_the_given_positions():
+  x = jnp.zeros((1, 3, 32))
+  positions = jnp.array([[0, 5, 2]])
+  out, variables = AddPositions(CONFIG).init_with_output(
+      jax.random.PRNGKey(0), x, positions)
+  assert not variables  # Nothing to learn.
+  np.testing.assert_allclose(out[0], sinusoidal_positions(64, 32)[[0, 5, 2]])
+
+
+def test_learned_positions_are_a_parameter():
+  config = CONFIG.replace(position_embedding='learned')
+  x = jnp.zeros((1, 3, 32))
+  positions = jnp.array([[0, 5, 2]])
+  out, variables = AddPositions(config).init_with_output(
+      jax.random.PRNGKey(0), x, positions)
+  table = variables['params']['position_embedding'].unbox()
+  assert table.shape == (64, 32)
+  np.testing.assert_allclose(out[0], np.asarray(table)[[0, 5, 2]])
+
+
+def test_embedding_is_scaled_by_sqrt_d_model_and_attend_uses_the_table():
+  embed = Embed(50, CONFIG)
+  ids = jnp.array([[3, 0, 49]])
+  out, variables = embed.init_with_output(jax.random.PRNGKey(0), ids)
+  table = variables['params']['embedding'].unbox()
+  np.testing.assert_allclose(
+      out[0], np.asarray(table)[[3, 0, 49]] * math.sqrt(32), rtol=1e-6)
+
+  logits = embed.apply(variables, out, method='attend')
+  assert logits.shape == (1, 3, 50) and logits.dtype == jnp.float32
+  want = np.asarray(out[0]) @ np.asarray(table).T
+  np.testing.assert_allclose(logits[0], want, rtol=1e-5, atol=1e-5)
+
+
+def test_feed_forward_is_relu_between_two_affine_maps():
+  x = jax.random.normal(jax.random.PRNGKey(1), (2, 5, 32))
+  ffn = FeedForward(CONFIG)
+  out, variables = ffn.init_with_output(jax.random.PRNGKey(0), x)
+  p = nn.unbox(variables['params'])
+  hidden = np.maximum(np.asarray(x) @ p['wi']['kernel'] + p['wi']['bias'], 0)
+  want = hidden @ p['wo']['kernel'] + p['wo']['bias']
+  np.testing.assert_allclose(out, want, rtol=1e-5, atol=1e-5)
+
+
+def test_gelu_feed_forward_differs_from_relu():
+  x = jax.random.normal(jax.random.PRNGKey(1), (2, 5, 32))
+  variables = FeedForward(CONFIG).init(jax.random.PRNGKey(0), x)
+  relu = FeedForward(CONFIG).apply(variables, x)
+  gelu = FeedForward(CONFIG.replace(activation='gelu')).apply(variables, x)
+  assert not np.allclose(relu, gelu, atol=1e-3)
