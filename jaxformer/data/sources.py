@@ -163,8 +163,8 @@ def _read_tfds(data_config: ml_collections.ConfigDict, split: str) -> list[Pair]
                     f'({e}); set data.tfds.{split}_split') from None
   pairs = dataset.map(lambda example: tuple(example[lang] for lang in languages))
   return [(source.decode(), target.decode())
-          for sources, targets in pairs.batch(4096).as_numpy_iterator()
-          for source, target in zip(sources, targets)]
+          for source_batch, target_batch in pairs.batch(4096).as_numpy_iterator()
+          for source, target in zip(source_batch, target_batch)]
 
 
 _READERS = {

@@ -165,8 +165,8 @@ def _training_texts(data_config: ml_collections.ConfigDict
 
 
 def _create_models(data_config: ml_collections.ConfigDict,
-                   model_paths: Sequence[str]) -> None:
-  """Copies the configured models to `model_paths`, or trains them there."""
+                   destinations: Sequence[str]) -> None:
+  """Copies the configured models to `destinations`, or trains them there."""
   tok_config = data_config.tokenizer
   given_paths = _given_model_paths(tok_config)
   if any(given_paths) and not all(given_paths):
@@ -174,12 +174,12 @@ def _create_models(data_config: ml_collections.ConfigDict,
         'data.tokenizer.joint is False, so set both source_model_path and '
         'target_model_path, or neither (to train both)')
   if all(given_paths):
-    for given, destination in zip(given_paths, model_paths):
+    for given, destination in zip(given_paths, destinations):
       tokenizer = load_tokenizer(given)
       _check_vocab_size(tokenizer, given, tok_config.vocab_size)
       _write_atomically(destination, tokenizer.serialized_model_proto())
     return
-  for texts, path in zip(_training_texts(data_config), model_paths):
+  for texts, path in zip(_training_texts(data_config), destinations):
     train_tokenizer(texts, path[:-len('.model')], tok_config)
 
 
@@ -207,7 +207,9 @@ def get_or_train(data_config: ml_collections.ConfigDict, workdir: str, *,
   Order of preference: models already in `workdir/tokenizer/` (a resumed
   run), then `data.tokenizer.model_path` (or source_/target_model_path when
   not joint), then a model trained on a sample of the train split.  For a
-  joint model both returned tokenizers are the same object.
+  joint model both returned tokenizers are the same object.  In multi-host
+  runs `workdir` must be shared by all hosts (e.g. gs://): processes other
+  than 0 wait for process 0's files there.
   """
   import tensorflow as tf
   if process_index is None:

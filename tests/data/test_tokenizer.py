@@ -1,0 +1,138 @@
+import io
+import os
+import threading
+import time
+
+import numpy as np
+import pytest
+import sentencepiece as spm
+
+from jaxformer.data import builtin
+from jaxformer.data import pipeline
+from jaxformer.data import tokenizer as tokenizer_lib
+from jaxformer.data.sources import DataError
+from jaxformer.data.tokenizer import BOS_ID, EOS_ID, PAD_ID, UNK_ID
+
+VOCAB_SIZE = 200
+
+
+def small_config():
+  config = pipeline.default_data_config()
+  config.builtin.update(num_train=1000, num_dev=20, num_test=20)
+  config.tokenizer.update(vocab_size=VOCAB_SIZE, sample_size=500)
+  return config
+
+
+@pytest.fixture(scope='module')
+def trained(tmp_path_factory):
+  texts = [text for pair in builtin.generate(1000, 0, 'train') for text in pair]
+  prefix = str(tmp_path_factory.mktemp('tokenizer') / 'model')
+  return tokenizer_lib.train_tokenizer(texts, prefix, small_config().tokenizer), prefix
+
+
+def test_special_ids_are_fixed(trained):
+  tokenizer, _ = trained
+  pieces = [tokenizer.id_to_piece(i) for i in (PAD_ID, EOS_ID, UNK_ID, BOS_ID)]
+  assert pieces == ['<pad>', '</s>', '<unk>', '<s>']
+  assert tokenizer.vocab_size == VOCAB_SIZE
+
+
+def test_encode_appends_eos_and_decode_inverts_it(trained):
+  tokenizer, _ = trained
+  texts = ['yesterday she bought forty-two red apples .',
+           'gestern kaufte sie zweiundvierzig rote Äpfel .']
+  ids = tokenizer.encode(texts)
+  assert all(row[-1] == EOS_ID and EOS_ID not in row[:-1] for row in ids)
+  assert [tokenizer.decode(row) for row in ids] == texts
+
+
+def test_decode_stops_at_eos_and_ignores_padding(trained):
+  tokenizer, _ = trained
+  ids = tokenizer.encode(['heute', 'dann'])
+  padded = np.zeros((2, 12), np.int32)
+  padded[0, :len(ids[0])] = ids[0]
+  padded[1, :len(ids[1])] = ids[1]
+  padded[0, len(ids[0]) + 1:len(ids[0]) + 1 + len(ids[1])] = ids[1]
+  assert tokenizer.decode_batch(padded) == ['heute', 'dann']
+  assert tokenizer.decode([PAD_ID] + ids[1]) == 'dann'
+
+
+def test_unknown_characters_map_to_unk(trained):
+  tokenizer, _ = trained
+  assert UNK_ID in tokenizer.encode(['東京'])[0]
+
+
+def test_serialized_model_round_trips(trained):
+  tokenizer, prefix = trained
+  restored = tokenizer_lib.Tokenizer.from_serialized(tokenizer.serialized_model_proto())
+  assert restored.encode(['dann sahen wir']) == tokenizer.encode(['dann sahen wir'])
+  assert tokenizer_lib.load_tokenizer(prefix + '.model').vocab_size == VOCAB_SIZE
+
+
+def test_get_or_train_trains_once_then_reuses_the_workdir_model(tmp_path):
+  config = small_config()
+  source_tok, target_tok = tokenizer_lib.get_or_train(config, str(tmp_path), process_index=0)
+  path = tmp_path / 'tokenizer' / 'joint.model'
+  assert source_tok is target_tok and path.exists()
+  written = path.stat().st_mtime_ns
+  config.source = 'tsv'  # Would fail if the train split were read again.
+  again, _ = tokenizer_lib.get_or_train(config, str(tmp_path), process_index=0)
+  assert path.stat().st_mtime_ns == written
+  assert again.serialized_model_proto() == source_tok.serialized_model_proto()
+
+
+def test_separate_source_and_target_models(tmp_path):
+  config = small_config()
+  config.tokenizer.update(joint=False, vocab_size=100)
+  source_tok, target_tok = tokenizer_lib.get_or_train(config, str(tmp_path), process_index=0)
+  assert sorted(os.listdir(tmp_path / 'tokenizer')) == ['source.model', 'target.model']
+  assert source_tok.serialized_model_proto() != target_tok.serialized_model_proto()
+  assert target_tok.encode(['Äpfel'])[0][0] != UNK_ID
+
+
+def test_given_model_is_copied_into_the_workdir(trained, tmp_path):
+  _, prefix = trained
+  config = small_config()
+  config.source = 'tsv'  # The given model needs no training data.
+  config.tokenizer.model_path = prefix + '.model'
+  tokenizer_lib.get_or_train(config, str(tmp_path), process_index=0)
+  copied = (tmp_path / 'tokenizer' / 'joint.model').read_bytes()
+  assert copied == open(prefix + '.model', 'rb').read()
+
+
+def test_vocab_size_mismatch_is_an_error(trained, tmp_path):
+  _, prefix = trained
+  config = small_config()
+  config.tokenizer.update(model_path=prefix + '.model', vocab_size=VOCAB_SIZE + 1)
+  with pytest.raises(DataError, match=rf'vocabulary of {VOCAB_SIZE} pieces but '
+                     rf'data.tokenizer.vocab_size is {VOCAB_SIZE + 1}'):
+    tokenizer_lib.get_or_train(config, str(tmp_path), process_index=0)
+
+
+def test_model_with_other_special_ids_is_rejected(tmp_path):
+  model = io.BytesIO()
+  spm.SentencePieceTrainer.train(  # SentencePiece's defaults: unk=0 bos=1 eos=2.
+      sentence_iterator=iter(['a b c d e f'] * 10), model_writer=model,
+      vocab_size=10, logstream=open(os.devnull, 'w'))
+  with pytest.raises(DataError, match='special ids'):
+    tokenizer_lib.Tokenizer.from_serialized(model.getvalue())
+
+
+def test_other_processes_wait_for_process_zero(trained, tmp_path):
+  tokenizer, _ = trained
+  config = small_config()
+  config.tokenizer.wait_seconds = 0.5
+  with pytest.raises(TimeoutError, match='process 0'):
+    tokenizer_lib.get_or_train(config, str(tmp_path), process_index=1)
+
+  config.tokenizer.wait_seconds = 30
+  path = tmp_path / 'tokenizer' / 'joint.model'
+  def process_zero_writes_later():
+    time.sleep(0.3)
+    path.parent.mkdir(exist_ok=True)
+    path.write_bytes(tokenizer.serialized_model_proto())
+  writer = threading.Thread(target=process_zero_writes_later)
+  writer.start()
+  waited, _ = tokenizer_lib.get_or_train(config, str(tmp_path), process_index=1)
+  writer.join()
+  assert waited.vocab_size == VOCAB_SIZE
