@@ -2,13 +2,12 @@
 beam search for `EncoderDecoder`, and sampling (temperature, top-k, top-p) for
 `DecoderLM`.
 
-Every search runs inside one `jax.lax.while_loop` and is compiled once per
-config and shapes (batch, source length, decode length, beam size); eos_id,
-alpha and the sampling settings are traced values, so changing them does not
-recompile. Token 0 is padding and the
-decoder's start token; the end-of-sentence id is an argument (`eos_id`, -1 to
-never stop early). Shapes: `batch` b, `beam` k, decode length `length`, source
-length s, vocabulary v.
+Each search is one `jax.lax.while_loop`, compiled once per config and shapes
+(batch, source length, decode length, beam size); eos_id, alpha and the
+sampling settings are traced values, so changing them does not recompile.
+Token 0 is padding and the decoder's start token; the end-of-sentence id is an
+argument (`eos_id`; -1 never ends a sentence, so every step runs). Shapes:
+`batch` b, `beam` k, decode length `length`, source length s, vocabulary v.
 """
 import functools
 from typing import Any, Callable, NamedTuple
@@ -24,6 +23,9 @@ from jaxformer.model.transformer import DecoderLM, EncoderDecoder
 PAD_ID = 0  # Also the decoder's start token.
 EOS_ID = 1
 NEG_INF = -np.inf
+# Beam search moves cached keys/values between beams in blocks of this many
+# positions, and only the blocks written so far.
+REORDER_BLOCK = 8
 
 # step_fn(cache, previous_tokens [rows], step []) -> (logits [rows, v], cache,
 # record): one decoder position for every row; `record` is an optional per-step
@@ -70,7 +72,9 @@ def init_cache(model_config: ModelConfig, params, encoded: jax.Array,
   """
   batch = encoded.shape[0]
   decoder_inputs = jnp.zeros((batch, max_decode_len), jnp.int32)
-  positions = jnp.broadcast_to(jnp.arange(max_decode_len), decoder_inputs.shape)
+  # Only shapes matter to the cache this call creates (positions may run
+  # past the model's max_len in a beam search cache).
+  positions = jnp.zeros_like(decoder_inputs)
   _, variables = EncoderDecoder(model_config, decode=True).apply(
       {'params': params}, encoded, inputs_segment_ids, decoder_inputs,
       jnp.ones_like(decoder_inputs), positions, method='decode_logits',
@@ -109,15 +113,43 @@ def repeat_cache_for_beams(cache, beam_size: int):
   return jax.tree_util.tree_map_with_path(repeat, cache)
 
 
-def reorder_self_attention_cache(cache, rows: jax.Array):
-  """Self-attention keys/values taken from `rows` ([batch * beam] int, row i
-  gets old row rows[i]). Cross-attention keys/values are the same for every
-  beam of a sentence, so they stay where they are."""
-  def take(path, leaf):
-    if _leaf_name(path) not in ('cached_key', 'cached_value'):
-      return leaf
-    return jnp.take(leaf, rows, axis=_batch_axis(leaf))
-  return jax.tree_util.tree_map_with_path(take, cache)
+def beam_cache_length(max_decode_len: int) -> int:
+  """Self-attention cache length for beam search: `max_decode_len` rounded
+  up to whole blocks of REORDER_BLOCK positions."""
+  return -(-max_decode_len // REORDER_BLOCK) * REORDER_BLOCK
+
+
+def _take_rows_in_block(leaf: jax.Array, rows: jax.Array, start) -> jax.Array:
+  """Positions [start, start + REORDER_BLOCK) of row i replaced by those of
+  row rows[i]. leaf: [..., rows, length, heads, head_dim]."""
+  batch_axis = _batch_axis(leaf)
+  block = jax.lax.dynamic_slice_in_dim(leaf, start, REORDER_BLOCK,
+                                       batch_axis + 1)
+  return jax.lax.dynamic_update_slice_in_dim(
+      leaf, jnp.take(block, rows, axis=batch_axis, mode='clip'), start,
+      batch_axis + 1)
+
+
+def reorder_self_attention_cache(cache, rows: jax.Array,
+                                 filled_length: jax.Array):
+  """Self-attention keys/values of row i taken from row rows[i]
+  ([batch * beam] int), block by block over the first `filled_length`
+  positions only: later ones are not written yet (zero in every row).
+  Cross-attention keys/values are the same for every beam of a sentence and
+  stay put. The cache length must be a multiple of REORDER_BLOCK."""
+  paths_and_leaves, treedef = jax.tree_util.tree_flatten_with_path(cache)
+  leaves = [leaf for _, leaf in paths_and_leaves]
+  selected = [i for i, (path, _) in enumerate(paths_and_leaves)
+              if _leaf_name(path) in ('cached_key', 'cached_value')]
+
+  def move_block(block_index, some_leaves):
+    return [_take_rows_in_block(leaf, rows, block_index * REORDER_BLOCK)
+            for leaf in some_leaves]
+  moved = jax.lax.fori_loop(0, -(-filled_length // REORDER_BLOCK), move_block,
+                            [leaves[i] for i in selected])
+  for i, leaf in zip(selected, moved):
+    leaves[i] = leaf
+  return jax.tree_util.tree_unflatten(treedef, leaves)
 
 
 # ------------------------------------------------------------------ steps ---
@@ -361,7 +393,7 @@ def beam_search_step(state: BeamState, step_fn: StepFn, *, alpha, eos_id,
   ends &= jnp.arange(2 * beam) < beam
   alive_parent = take_beams(parent, alive_pick)
   rows = (jnp.arange(batch)[:, None] * beam + alive_parent).reshape(-1)
-  cache = reorder_self_attention_cache(cache, rows)
+  cache = reorder_self_attention_cache(cache, rows, step + 1)
 
   ended_score = jnp.where(
       ends, top_logprob / length_penalty(step + 1.0, alpha), NEG_INF)
@@ -419,7 +451,8 @@ def final_beams(state: BeamState, max_decode_len: int, alpha: float):
 def _beam_search(params, inputs, config, beam_size, alpha, max_decode_len,
                  eos_id, early_exit):
   encoded, segment_ids = encode_sources(config, params, inputs)
-  cache = init_cache(config, params, encoded, segment_ids, max_decode_len)
+  cache = init_cache(config, params, encoded, segment_ids,
+                     beam_cache_length(max_decode_len))
   step_fn = translation_step_fn(
       config, params, jnp.repeat(segment_ids, beam_size, axis=0))
   state = initial_beam_state(cache, jnp.any(inputs != PAD_ID, axis=-1),
@@ -479,7 +512,8 @@ def apply_temperature(logits: jax.Array, temperature) -> jax.Array:
   return logits / jnp.where(temperature > 0, temperature, 1.0)
 
 
-def descending(logits: jax.Array) -> jax.Array:
+def sorted_descending(logits: jax.Array) -> jax.Array:
+  """[..., v] sorted largest first along the last axis."""
   return -jnp.sort(-logits, axis=-1)
 
 
@@ -487,7 +521,7 @@ def top_k_filter(logits: jax.Array, k) -> jax.Array:
   """Keeps the k largest of [..., v] logits (and ties with the k-th), -inf
   elsewhere; k <= 0 keeps all."""
   vocab = logits.shape[-1]
-  kth_largest = jnp.take(descending(logits), jnp.clip(k, 1, vocab) - 1,
+  kth_largest = jnp.take(sorted_descending(logits), jnp.clip(k, 1, vocab) - 1,
                          axis=-1)[..., None]
   return jnp.where((k > 0) & (logits < kth_largest), NEG_INF, logits)
 
@@ -496,7 +530,7 @@ def top_p_filter(logits: jax.Array, p) -> jax.Array:
   """Nucleus filtering: keeps the smallest set of most probable tokens whose
   probabilities sum to >= p (and ties with its least probable member), -inf
   elsewhere; p >= 1 keeps all. logits: [..., v]."""
-  sorted_logits = descending(logits)
+  sorted_logits = sorted_descending(logits)
   probs = jax.nn.softmax(sorted_logits, axis=-1)
   mass_before = jnp.cumsum(probs, axis=-1) - probs
   in_nucleus = (mass_before < p).at[..., 0].set(True)

@@ -170,7 +170,8 @@ def decode_split(params, model_config: ModelConfig,
 
 def load_trained(workdir: str, step: int | None = None):
   """(params, ModelConfig, config, source_tok, target_tok) of the latest (or
-  the given) checkpoint in `workdir`, on this process's devices."""
+  the given) checkpoint in `workdir`, or of the export (`jaxformer export`
+  or `average`) in that directory, on this process's devices."""
   import os
   from jaxformer import checkpoint as checkpoint_lib
   from jaxformer.model import config as model_config_lib
@@ -179,6 +180,8 @@ def load_trained(workdir: str, step: int | None = None):
   from jaxformer.train.loop import example_batch
   from jaxformer.train.state import state_shardings
 
+  if checkpoint_lib.is_export(workdir):
+    return checkpoint_lib.load_export(workdir, step)
   if not os.path.isdir(os.path.join(workdir, 'checkpoints')):
     raise FileNotFoundError(
         f'No checkpoints in {workdir}: train first with `jaxformer train '

@@ -1,0 +1,369 @@
+"""Greedy search, beam search and sampling against uncached references and
+hand-built models."""
+import functools
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from flax.core import meta
+
+from jaxformer import decode
+from jaxformer.model import DecoderLM, EncoderDecoder, ModelConfig
+
+TINY = ModelConfig(vocab_size=32, d_model=16, num_heads=2, d_ff=32,
+                   num_encoder_layers=2, num_decoder_layers=2, max_len=32,
+                   share_embeddings='none')
+DECODE_LEN = 10
+
+
+def random_params(model, *example_args, seed=0):
+  """Random parameters of `model`, drawn by numpy at the scale of Flax's
+  initialisers (compiling those takes longer than these tests): unit
+  LayerNorm scales, kernels with variance 1 / fan-in, embeddings with
+  variance 1 / d_model, small biases."""
+  shapes = meta.unbox(jax.eval_shape(model.init, jax.random.PRNGKey(0),
+                                     *example_args)['params'])
+  rng = np.random.default_rng(seed)
+
+  def draw(path, leaf):
+    names = [str(getattr(key, 'key', key)) for key in path]
+    if names[-1] == 'scale':
+      return jnp.ones(leaf.shape, leaf.dtype)
+    if names[-1] == 'kernel':
+      fan_in = (leaf.shape[0] if names[-2] in ('query', 'key', 'value')
+                else np.prod(leaf.shape[:-1]))
+      std = fan_in ** -0.5
+    elif names[-1] == 'embedding':
+      std = leaf.shape[-1] ** -0.5
+    else:
+      std = 0.1
+    return jnp.asarray(rng.normal(0.0, std, leaf.shape), leaf.dtype)
+  return jax.tree_util.tree_map_with_path(draw, shapes)
+
+
+def random_sources(batch, length, seed=0, vocab=TINY.vocab_size):
+  """[batch, length] tokens in [2, vocab), each row right-padded to a random
+  length >= 2."""
+  rng = np.random.default_rng(seed)
+  tokens = rng.integers(2, vocab, (batch, length))
+  lengths = rng.integers(2, length + 1, (batch, 1))
+  return np.where(np.arange(length) < lengths, tokens, 0).astype(np.int32)
+
+
+@functools.lru_cache(maxsize=None)
+def translation_model(scan_layers=False, eos_bias=0.0):
+  """(config, params) of a random tiny EncoderDecoder; `eos_bias` is added
+  to the output bias of EOS, so that hypotheses end within a few steps."""
+  config = TINY.replace(scan_layers=scan_layers)
+  dummy = jnp.ones((1, 4), jnp.int32)
+  params = random_params(EncoderDecoder(config), dummy, dummy)
+  bias = params['decoder']['logits']['bias']
+  params['decoder']['logits']['bias'] = bias.at[decode.EOS_ID].add(eos_bias)
+  return config, params
+
+
+@functools.lru_cache(maxsize=None)
+def full_forward(model):
+  """The jitted teacher-forced forward pass (no cache): logits[:, t] given
+  targets[:, :t], every position a real one (segment id 1)."""
+  return jax.jit(lambda params, *inputs_and_targets: model.apply(
+      {'params': params}, *inputs_and_targets,
+      targets_segment_ids=jnp.ones_like(inputs_and_targets[-1])))
+
+
+def uncached_greedy(config, params, inputs, max_decode_len, eos_id):
+  """Greedy decoding by re-running the full forward pass on the growing
+  prefix: token t is the argmax of logits[:, t] given tokens[:, :t]."""
+  forward = full_forward(EncoderDecoder(config))
+  tokens = np.zeros((inputs.shape[0], max_decode_len), np.int32)
+  finished = ~np.any(inputs != 0, axis=-1)
+  for t in range(max_decode_len):
+    next_tokens = np.argmax(forward(params, inputs, tokens)[:, t], axis=-1)
+    tokens[:, t] = np.where(finished, 0, next_tokens)
+    finished |= tokens[:, t] == eos_id
+  return tokens
+
+
+def assert_zero_after_eos(tokens, eos_id):
+  """tokens: [..., length]; everything after the first EOS is padding."""
+  tokens = np.asarray(tokens).reshape(-1, tokens.shape[-1])
+  for row in tokens:
+    ends = np.flatnonzero(row == eos_id)
+    if ends.size:
+      np.testing.assert_array_equal(row[ends[0] + 1:], 0)
+
+
+def mid_sentence_eos(tokens, start=2):
+  """An EOS id that ends some row of `tokens` ([batch, length], decoded
+  without EOS) at or after position `start`: the first token there that the
+  row has not produced before. Random tiny models rarely pick EOS=1 on their
+  own; `eos_id` is an argument, so any token can play its part."""
+  for row in np.asarray(tokens):
+    for t in range(start, len(row) - 1):
+      if row[t] > 1 and row[t] not in row[:t]:
+        return int(row[t])
+  raise AssertionError(f'no token to end a row with in {tokens}')
+
+
+@pytest.mark.parametrize('scan_layers', [False, True])
+def test_greedy_equals_uncached_argmax_and_stops_at_eos(scan_layers):
+  config, params = translation_model(scan_layers)
+  inputs = random_sources(4, 7)
+  eos_id = mid_sentence_eos(
+      uncached_greedy(config, params, inputs, DECODE_LEN, eos_id=-1))
+  expected = uncached_greedy(config, params, inputs, DECODE_LEN, eos_id)
+  tokens = decode.greedy_decode(params, config, inputs,
+                                max_decode_len=DECODE_LEN, eos_id=eos_id)
+  np.testing.assert_array_equal(tokens, expected)
+  assert np.any(expected[:, -1] == 0)  # A row stopped early,
+  assert_zero_after_eos(tokens, eos_id)  # with zeros after its EOS.
+
+
+def test_max_decode_length_counts_longest_real_source():
+  inputs = np.array([[5, 6, 7, 0, 0], [5, 0, 0, 0, 0]])
+  assert decode.max_decode_length(inputs) == 53
+  assert decode.max_decode_length(inputs, extra=2) == 5
+  assert decode.max_decode_length(inputs, max_len=20) == 20
+  with pytest.raises(ValueError):
+    decode.greedy_decode({}, TINY, inputs, max_decode_len=TINY.max_len + 1)
+
+
+def test_beam_size_one_equals_greedy():
+  # A single beam ends only when its best extension is EOS, as greedy search
+  # does, and with alpha=0 no longer hypothesis can beat it after that.
+  config, params = translation_model(scan_layers=True)
+  inputs = random_sources(4, 7, seed=1)
+  search = functools.partial(decode.greedy_decode, params, config, inputs,
+                             max_decode_len=DECODE_LEN)
+  eos_id = mid_sentence_eos(search(eos_id=-1))
+  tokens, scores = decode.beam_search(
+      params, config, inputs, beam_size=1, alpha=0.0,
+      max_decode_len=DECODE_LEN, eos_id=eos_id)
+  np.testing.assert_array_equal(tokens[:, 0], search(eos_id=eos_id))
+  assert np.all(np.isfinite(scores))
+
+
+# The trap: a real one-layer model whose next-token distribution depends only
+# on the previous token, P(next | previous) = TRAP_PROBS[previous]. Greedy
+# takes A (0.5) and then EOS (0.3): p = 0.15; B (0.4) then EOS (0.93) has
+# p = 0.372. Tokens: 0 start, 1 EOS, 2 A, 3 B, 4-7 fillers.
+A, B = 2, 3
+TRAP_PROBS = np.full((8, 8), 0.01)
+TRAP_PROBS[:, 1] = 0.93
+TRAP_PROBS[0] = [0.1 / 6, 0.1 / 6, 0.5, 0.4] + [0.1 / 6] * 4
+TRAP_PROBS[A] = [0.1, 0.3] + [0.1] * 6
+
+
+@functools.lru_cache(maxsize=None)
+def trap_model():
+  """Every sublayer's output projection is zero and LayerNorms are plain, so
+  the decoder state is LayerNorm(target embedding of the previous token)
+  (positions are learned and zero). With one-hot embeddings that is
+  a * onehot - a / d, so a logits kernel W = log(TRAP_PROBS) / a with bias
+  a / d * (column sums of W) gives logits log(TRAP_PROBS[previous])."""
+  vocab = d_model = 8
+  config = ModelConfig(vocab_size=vocab, d_model=d_model, num_heads=2, d_ff=8,
+                       num_encoder_layers=1, num_decoder_layers=1, max_len=16,
+                       share_embeddings='none', position_embedding='learned')
+  dummy = jnp.ones((1, 3), jnp.int32)
+  params = random_params(EncoderDecoder(config), dummy, dummy)
+  decoder = params['decoder']
+  layer = decoder['layer_0']
+  for norm in ('self_attention_norm', 'cross_attention_norm', 'ffn_norm'):
+    layer[norm] = {'scale': jnp.ones(d_model), 'bias': jnp.zeros(d_model)}
+  for sublayer in (layer['self_attention']['out'],
+                   layer['cross_attention']['out'], layer['ffn']['wo']):
+    sublayer['kernel'] = jnp.zeros_like(sublayer['kernel'])
+    sublayer['bias'] = jnp.zeros_like(sublayer['bias'])
+  decoder['positions']['position_embedding'] *= 0.0
+  params['target_embed']['embedding'] = jnp.eye(vocab)
+  scale = 1.0 / np.sqrt(1.0 / d_model - 1.0 / d_model ** 2)  # 1 / std(onehot)
+  kernel = np.log(TRAP_PROBS) / scale
+  decoder['logits'] = {'kernel': jnp.asarray(kernel, jnp.float32),
+                       'bias': jnp.asarray(scale / d_model * kernel.sum(0),
+                                           jnp.float32)}
+  return config, params
+
+
+def test_beam_search_finds_what_greedy_misses():
+  config, params = trap_model()
+  inputs = np.array([[4, 5, 6]])
+  greedy = decode.greedy_decode(params, config, inputs, max_decode_len=6)
+  np.testing.assert_array_equal(greedy, [[A, 1, 0, 0, 0, 0]])
+  tokens, scores = decode.beam_search(params, config, inputs, beam_size=2,
+                                      alpha=0.6, max_decode_len=6)
+  np.testing.assert_array_equal(tokens[0], [[B, 1, 0, 0, 0, 0],
+                                            [A, 1, 0, 0, 0, 0]])
+  # The scores also check the construction: log p / length_penalty(2).
+  penalty = decode.length_penalty(2, 0.6)
+  np.testing.assert_allclose(
+      scores[0], np.log([0.4 * 0.93, 0.5 * 0.3]) / penalty, rtol=1e-4)
+
+
+def test_early_exit_does_not_change_results():
+  config, params = translation_model(scan_layers=True, eos_bias=1.5)
+  inputs = random_sources(4, 7, seed=2)
+  search = functools.partial(decode.beam_search, params, config, inputs,
+                             beam_size=3, max_decode_len=DECODE_LEN,
+                             return_steps=True)
+  tokens, scores, steps = search(early_exit=True)
+  full_tokens, full_scores, full_steps = search(early_exit=False)
+  np.testing.assert_array_equal(tokens, full_tokens)
+  np.testing.assert_allclose(scores, full_scores, rtol=1e-6)
+  assert np.all(np.diff(scores, axis=-1) <= 0)  # Best first.
+  assert_zero_after_eos(tokens, eos_id=1)
+  assert np.all(np.any(tokens == 1, axis=-1))  # All beams ended,
+  assert steps < full_steps == DECODE_LEN  # and the search stopped early.
+
+
+def test_results_do_not_depend_on_the_rest_of_the_batch():
+  config, params = translation_model(scan_layers=True)
+  sentence = np.array([[22, 26, 2, 26, 16]], np.int32)
+  # Other sentences, an all-padding row and a wider source.
+  batch = random_sources(4, 7, seed=3)
+  batch[1] = 0
+  batch[2] = 0
+  batch[2, :5] = sentence[0]
+  greedy = functools.partial(decode.greedy_decode, params, config,
+                             max_decode_len=DECODE_LEN)
+  beam = functools.partial(decode.beam_search, params, config, beam_size=3,
+                           max_decode_len=DECODE_LEN)
+  # The sentence ends mid-way, so it is done while its neighbours go on.
+  eos_id = mid_sentence_eos(greedy(sentence, eos_id=-1))
+
+  alone = greedy(sentence, eos_id=eos_id)
+  together = greedy(batch, eos_id=eos_id)
+  assert alone[0, -1] == 0
+  np.testing.assert_array_equal(together[2], alone[0])
+  np.testing.assert_array_equal(together[1], 0)
+
+  alone_tokens, alone_scores = beam(sentence, eos_id=eos_id)
+  batch_tokens, batch_scores = beam(batch, eos_id=eos_id)
+  np.testing.assert_array_equal(batch_tokens[2], alone_tokens[0])
+  np.testing.assert_allclose(batch_scores[2], alone_scores[0], rtol=1e-5)
+  np.testing.assert_array_equal(batch_tokens[1], 0)
+
+
+def test_greedy_returns_cross_attention_weights():
+  config, params = translation_model()
+  inputs = random_sources(4, 7)
+  search = functools.partial(decode.greedy_decode, params, config, inputs,
+                             max_decode_len=DECODE_LEN, return_attention=True)
+  eos_id = mid_sentence_eos(search(eos_id=-1)[0])
+  tokens, weights = search(eos_id=eos_id)
+  assert weights.shape == (4, config.num_decoder_layers, config.num_heads,
+                           DECODE_LEN, 7)
+  ends = np.asarray(tokens) == eos_id
+  decoded = np.cumsum(ends, axis=-1) - ends == 0  # Steps up to EOS.
+  assert not np.all(decoded)
+  # Each decoded step's weights are a distribution over the real source
+  # tokens; later steps have none.
+  row_sums = np.asarray(weights).sum(-1)
+  np.testing.assert_allclose(row_sums, np.broadcast_to(
+      decoded[:, None, None, :], row_sums.shape), atol=1e-5)
+  source_padding = np.broadcast_to((inputs == 0)[:, None, None, None, :],
+                                   weights.shape)
+  np.testing.assert_array_equal(np.asarray(weights)[source_padding], 0.0)
+
+
+# ---------------------------------------------------------------- sampling ---
+
+def test_top_k_filter_keeps_the_k_largest():
+  logits = jnp.array([[1.0, 3.0, 2.0, 0.0]])
+  np.testing.assert_array_equal(decode.top_k_filter(logits, 2),
+                                [[-np.inf, 3.0, 2.0, -np.inf]])
+  np.testing.assert_array_equal(decode.top_k_filter(logits, 0), logits)
+
+
+@pytest.mark.parametrize('p, kept', [
+    (0.3, {0}), (0.75, {0, 2}), (0.85, {0, 1, 2}), (0.99, {0, 1, 2, 3}),
+    (1.0, {0, 1, 2, 3})])
+def test_top_p_filter_keeps_smallest_set_reaching_p(p, kept):
+  probs = np.array([0.5, 0.15, 0.3, 0.05])
+  filtered = decode.top_p_filter(jnp.log(jnp.array([probs])), p)
+  assert set(np.flatnonzero(np.isfinite(filtered[0]))) == kept
+
+
+def test_sample_choice_draws_only_allowed_tokens():
+  logits = jnp.log(jnp.array([[0.5, 0.15, 0.3, 0.05]] * 2000))
+  choose = functools.partial(jax.jit(decode.sample_choice), logits,
+                             jax.random.PRNGKey(0))
+  assert set(np.unique(choose(1.0, 0, 0.75))) == {0, 2}  # Nucleus.
+  assert set(np.unique(choose(5.0, 1, 1.0))) == {0}  # Top one.
+  assert set(np.unique(choose(0.0, 0, 1.0))) == {0}  # Argmax.
+  assert set(np.unique(choose(100.0, 0, 1.0))) == {0, 1, 2, 3}  # Flat.
+
+
+@functools.lru_cache(maxsize=None)
+def language_model():
+  params = random_params(DecoderLM(TINY), jnp.ones((1, 4), jnp.int32))
+  return TINY, params
+
+
+PROMPTS = np.array([[5, 9, 4, 0], [7, 0, 0, 0], [0, 0, 0, 0]], np.int32)
+
+
+def uncached_lm_greedy(config, params, prompts, max_decode_len, eos_id):
+  """Prompt tokens forced, then the argmax of the full forward pass."""
+  forward = full_forward(DecoderLM(config))
+  tokens = np.zeros((prompts.shape[0], max_decode_len), np.int32)
+  lengths = np.sum(prompts != 0, axis=-1)
+  finished = np.zeros(prompts.shape[0], bool)
+  for t in range(max_decode_len):
+    chosen = np.argmax(forward(params, tokens)[:, t], axis=-1)
+    if t < prompts.shape[1]:
+      chosen = np.where(t < lengths, prompts[:, t], chosen)
+    tokens[:, t] = np.where(finished, 0, chosen)
+    finished |= tokens[:, t] == eos_id
+  return tokens
+
+
+def test_sampling_at_temperature_zero_or_top_one_is_greedy():
+  config, params = language_model()
+  rng = jax.random.PRNGKey(1)
+  expected = uncached_lm_greedy(config, params, PROMPTS, DECODE_LEN, eos_id=-1)
+  cold = decode.sample(params, config, PROMPTS, rng, max_decode_len=DECODE_LEN,
+                       temperature=0.0, eos_id=-1)
+  top_one = decode.sample(params, config, PROMPTS, rng,
+                          max_decode_len=DECODE_LEN, top_k=1, eos_id=-1)
+  np.testing.assert_array_equal(cold, expected)
+  np.testing.assert_array_equal(top_one, expected)
+
+
+def test_sampling_is_reproducible_and_respects_top_k():
+  config, params = language_model()
+  sample = functools.partial(decode.sample, params, config, PROMPTS,
+                             max_decode_len=DECODE_LEN, top_k=3, eos_id=-1)
+  tokens = np.asarray(sample(jax.random.PRNGKey(0)))
+  np.testing.assert_array_equal(sample(jax.random.PRNGKey(0)), tokens)
+  assert np.any(np.asarray(sample(jax.random.PRNGKey(1))) != tokens)
+  np.testing.assert_array_equal(tokens[:, :PROMPTS.shape[1]][PROMPTS != 0],
+                                PROMPTS[PROMPTS != 0])
+
+  logits = full_forward(DecoderLM(config))(params, tokens)
+  rank = np.sum(np.asarray(logits) > np.take_along_axis(
+      np.asarray(logits), tokens[..., None], axis=-1), axis=-1)
+  sampled = np.arange(DECODE_LEN) >= np.sum(PROMPTS != 0, -1, keepdims=True)
+  assert np.all(rank[sampled] < 3)
+
+
+def first_new_token(row, start):
+  """The first token of row[start:] that is not in the row before it."""
+  return next(int(token) for t, token in enumerate(row)
+              if t >= start and token not in row[:t])
+
+
+def test_sampling_stops_at_eos():
+  # EOS is a token the model generates for the first prompt (not one of the
+  # prompt's), so that row stops early and the others need not.
+  config, params = language_model()
+  no_eos = uncached_lm_greedy(config, params, PROMPTS, DECODE_LEN, eos_id=-1)
+  eos_id = first_new_token(no_eos[0], start=3)
+  expected = uncached_lm_greedy(config, params, PROMPTS, DECODE_LEN, eos_id)
+  tokens = decode.sample(params, config, PROMPTS, jax.random.PRNGKey(0),
+                         max_decode_len=DECODE_LEN, temperature=0.0,
+                         eos_id=eos_id)
+  np.testing.assert_array_equal(tokens, expected)
+  assert expected[0, -1] == 0
+  assert_zero_after_eos(tokens, eos_id)
