@@ -62,7 +62,10 @@ def default_config() -> ml_collections.ConfigDict:
       async_save=True))
   c.distributed = ml_collections.ConfigDict(dict(
       coordinator_address='', num_processes=0, process_id=-1,
-      initialization_timeout=300, heartbeat_timeout=60))
+      initialization_timeout=300, heartbeat_timeout=60,
+      # Longer than process 0's work after training (the final report), or
+      # the others fail at the exit barrier.
+      shutdown_timeout=600))
   return c
 
 

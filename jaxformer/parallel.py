@@ -9,6 +9,7 @@ configuration alone.
 """
 import contextlib
 import os
+import sys
 from collections.abc import Mapping, Sequence
 
 import jax
@@ -110,43 +111,129 @@ def activate(mesh: Mesh, rules):
     yield
 
 
-def _cluster_detected() -> bool:
-  """Several processes launched by SLURM, or a multi-host Cloud TPU slice."""
-  if int(os.environ.get('SLURM_NTASKS', '1')) > 1:
-    return True
-  hosts = os.environ.get('TPU_WORKER_HOSTNAMES', '')
-  return len([h for h in hosts.split(',') if h]) > 1
+def _slurm_step_tasks(environ: Mapping[str, str]) -> int:
+  """Tasks of the SLURM job step this process belongs to (0 outside srun;
+  a batch script alone is not a step of several processes)."""
+  if 'SLURM_STEP_NODELIST' not in environ:
+    return 0
+  return int(environ.get('SLURM_STEP_NUM_TASKS')
+             or environ.get('SLURM_NTASKS') or 0)
+
+
+def _explicit_values(settings, environ: Mapping[str, str]):
+  """(address, process count, process id) from the config, else the
+  environment; '' / 0 / -1 where neither sets one."""
+  address = (settings.coordinator_address
+             or environ.get('JAX_COORDINATOR_ADDRESS', ''))
+  num_processes = int(settings.num_processes
+                      or environ.get('JAX_NUM_PROCESSES') or 0)
+  process_id = int(settings.process_id if settings.process_id >= 0
+                   else environ.get('JAX_PROCESS_ID') or -1)
+  return address, num_processes, process_id
+
+
+def distributed_arguments(settings, environ: Mapping[str, str] = os.environ,
+                          on_cloud_tpu: bool = False) -> dict | None:
+  """Keyword arguments for `jax.distributed.initialize`, or None when this
+  process runs alone.
+
+  Explicit values (config.distributed, else JAX_COORDINATOR_ADDRESS,
+  JAX_NUM_PROCESSES and JAX_PROCESS_ID) win. Without them, a SLURM job step
+  of several tasks or a Cloud TPU VM leaves them to JAX's cluster detection
+  (on a single-host TPU VM that is a runtime of one process).
+  num_processes=1 always means a single process.
+  """
+  address, num_processes, process_id = _explicit_values(settings, environ)
+  if num_processes == 1:
+    return None
+  timeouts = dict(
+      initialization_timeout=int(settings.initialization_timeout),
+      heartbeat_timeout_seconds=int(settings.heartbeat_timeout),
+      # A process that fails waits this long at exit for the others; they
+      # are stuck in a collective, so this bounds how long a failure takes.
+      shutdown_timeout_seconds=int(
+          settings.get('shutdown_timeout', settings.heartbeat_timeout)))
+  cluster = _slurm_step_tasks(environ) > 1 or on_cloud_tpu
+  explicit = bool(address) or num_processes > 1 or process_id >= 0
+  if not (explicit or cluster):
+    return None
+  if not cluster:
+    _check_complete(address, num_processes, process_id)
+  return dict(coordinator_address=address or None,
+              num_processes=num_processes or None,
+              process_id=process_id if process_id >= 0 else None, **timeouts)
+
+
+def _check_complete(address: str, num_processes: int, process_id: int):
+  """Outside a detected cluster, all three values must be given."""
+  missing = [f'{name} (--config.distributed.{name} or {env})'
+             for name, env, value in (
+                 ('coordinator_address', 'JAX_COORDINATOR_ADDRESS', address),
+                 ('num_processes', 'JAX_NUM_PROCESSES', num_processes > 1),
+                 ('process_id', 'JAX_PROCESS_ID', process_id >= 0))
+             if not value]
+  if missing:
+    raise ValueError(
+        'A multi-process run needs a coordinator address, the process count '
+        "and this process's id; missing: " + ', '.join(missing) + '. Set '
+        'all three on every process (launch/local.sh does), or none for a '
+        'single-process run.')
+  if not 0 <= process_id < num_processes:
+    raise ValueError(f'distributed.process_id={process_id} is not in [0, '
+                     f'{num_processes}); give each of the {num_processes} '
+                     'processes a different id from 0.')
+
+
+def _on_cloud_tpu_vm() -> bool:
+  from jax._src import cloud_tpu_init  # Set when jax is imported.
+  return bool(getattr(cloud_tpu_init, 'running_in_cloud_tpu_vm', False))
 
 
 def initialize_distributed(settings) -> None:
   """Starts JAX's multi-controller runtime when this is one of several
-  processes; a no-op for a single process.
+  processes (see `distributed_arguments`); a no-op for a single process or
+  when it is already running. Must run before anything touches a device.
 
-  Explicit settings (coordinator address, process count and id, from the
-  config or JAX_COORDINATOR_ADDRESS / JAX_NUM_PROCESSES / JAX_PROCESS_ID)
-  take precedence; otherwise SLURM and Cloud TPU VMs are auto-detected.
+  Every process sends heartbeats to the coordinator (process 0): when one
+  dies, the others are terminated with an error after at most
+  distributed.heartbeat_timeout seconds instead of waiting forever in a
+  collective.
   """
-  address = (settings.coordinator_address
-             or os.environ.get('JAX_COORDINATOR_ADDRESS', ''))
-  num_processes = int(settings.num_processes
-                      or os.environ.get('JAX_NUM_PROCESSES', 0))
-  process_id = int(settings.process_id if settings.process_id >= 0
-                   else os.environ.get('JAX_PROCESS_ID', -1))
-  if _distributed_initialized():
+  if _runtime_started():
     return
-  if address and num_processes > 1:
-    # Only used by CPU devices; GPUs and TPUs keep their own collectives.
-    jax.config.update('jax_cpu_collectives_implementation', 'gloo')
-    jax.distributed.initialize(
-        coordinator_address=address, num_processes=num_processes,
-        process_id=process_id,
-        initialization_timeout=int(settings.initialization_timeout),
-        heartbeat_timeout_seconds=int(settings.heartbeat_timeout))
-  elif _cluster_detected():
-    jax.distributed.initialize(
-        initialization_timeout=int(settings.initialization_timeout))
+  arguments = distributed_arguments(settings, os.environ, _on_cloud_tpu_vm())
+  if arguments is None:
+    return
+  # Collectives between CPU devices of different processes (GPUs and TPUs
+  # have their own).
+  jax.config.update('jax_cpu_collectives_implementation', 'gloo')
+  # If joining fails, XLA aborts the process with its own message; this
+  # line says what was attempted.
+  print(f'jaxformer: joining the distributed runtime as process '
+        f'{_or_detected(arguments["process_id"])} of '
+        f'{_or_detected(arguments["num_processes"])}, coordinator '
+        f'{_or_detected(arguments["coordinator_address"])}; waiting up to '
+        f'{arguments["initialization_timeout"]}s for all processes.',
+        file=sys.stderr, flush=True)
+  try:
+    jax.distributed.initialize(**arguments)
+  except ValueError as e:
+    # On a TPU VM without slice metadata JAX finds no cluster and starts
+    # nothing: this process runs alone.
+    if (arguments['num_processes'] is not None
+        or _slurm_step_tasks(os.environ) > 1):
+      raise
+    print(f'jaxformer: no cluster detected ({e}); running as a single '
+          'process.', file=sys.stderr, flush=True)
 
 
-def _distributed_initialized() -> bool:
-  from jax._src import distributed as jax_distributed
+def _or_detected(value) -> str:
+  return 'auto-detected' if value is None else str(value)
+
+
+def _runtime_started() -> bool:
+  if hasattr(jax.distributed, 'is_initialized'):
+    return jax.distributed.is_initialized()
+  from jax._src import distributed as jax_distributed  # Older jax.
   return jax_distributed.global_state.client is not None
+

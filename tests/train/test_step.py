@@ -71,15 +71,19 @@ def assert_params_close(a, b, atol):
     np.testing.assert_allclose(x, y, atol=atol)
 
 
+STEPS = 4
+
+
 @pytest.fixture(scope='module')
 def single_device_run():
-  return run_steps(tiny_model(), {'data': 1}, 1, toy_batches(3))
+  """The reference: plain model, one device, no accumulation."""
+  return run_steps(tiny_model(), {'data': 1}, 1, toy_batches(STEPS))
 
 
 @pytest.mark.parametrize('mesh_sizes', [
     {'data': 8}, {'data': 2, 'fsdp': 4}, {'data': 2, 'fsdp': 2, 'tensor': 2}])
 def test_sharded_steps_match_single_device(single_device_run, mesh_sizes):
-  losses, params = run_steps(tiny_model(), mesh_sizes, 8, toy_batches(3))
+  losses, params = run_steps(tiny_model(), mesh_sizes, 8, toy_batches(STEPS))
   np.testing.assert_allclose(losses, single_device_run[0], rtol=1e-5)
   assert_params_close(params, single_device_run[1], atol=1e-4)
 
@@ -100,27 +104,22 @@ def test_fsdp_and_tensor_axes_shard_the_parameters():
 
 
 def test_loss_falls_on_a_toy_task(single_device_run):
-  losses, _ = run_steps(tiny_model(), {'data': 1}, 1, toy_batches(12))
-  assert losses[-1] < losses[0] - 0.3
+  losses, _ = single_device_run
+  assert losses[-1] < losses[0] - 0.2
 
 
-def test_gradient_accumulation_equals_a_larger_batch():
-  batches = toy_batches(2, rows=16)
-  whole, whole_params = run_steps(tiny_model(), {'data': 2}, 2, batches)
-  accumulated, accumulated_params = run_steps(
-      tiny_model(), {'data': 2}, 2, batches, grad_accum_steps=4)
-  np.testing.assert_allclose(accumulated, whole, rtol=1e-5)
-  assert_params_close(accumulated_params, whole_params, atol=1e-4)
+def test_gradient_accumulation_equals_a_larger_batch(single_device_run):
+  losses, params = run_steps(tiny_model(), {'data': 1}, 1,
+                             toy_batches(STEPS), grad_accum_steps=4)
+  np.testing.assert_allclose(losses, single_device_run[0], rtol=1e-5)
+  assert_params_close(params, single_device_run[1], atol=1e-4)
 
 
-@pytest.mark.parametrize('policy', ['full', 'dots'])
-def test_remat_gives_the_plain_losses(policy):
-  batches = toy_batches(2)
-  plain, plain_params = run_steps(tiny_model(), {'data': 1}, 1, batches)
-  remat, remat_params = run_steps(tiny_model(remat_policy=policy), {'data': 1},
-                                  1, batches)
-  np.testing.assert_allclose(remat, plain, rtol=1e-5)
-  assert_params_close(remat_params, plain_params, atol=1e-4)
+def test_remat_gives_the_plain_losses(single_device_run):
+  losses, params = run_steps(tiny_model(remat_policy='full'), {'data': 1}, 1,
+                             toy_batches(STEPS))
+  np.testing.assert_allclose(losses, single_device_run[0], rtol=1e-5)
+  assert_params_close(params, single_device_run[1], atol=1e-4)
 
 
 def stack_layers(params):

@@ -1,0 +1,237 @@
+"""Multi-process (multi-host) data-parallel training, on one machine.
+
+Each process is a separate OS process with fake CPU devices, joined to the
+others by JAX's distributed runtime on 127.0.0.1 (gloo collectives), as on a
+pod slice or a SLURM job. launch/local.sh starts them.
+"""
+import json
+import os
+import pathlib
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import time
+
+import pytest
+
+from jaxformer import config as config_lib
+from jaxformer import parallel
+from jaxformer.train.metrics import read_metrics
+
+REPO = pathlib.Path(__file__).resolve().parents[1]
+LOCAL_SH = REPO / 'launch' / 'local.sh'
+TRAIN = [sys.executable, '-m', 'jaxformer.cli', 'train',
+         '--config', f'{REPO}/configs/quickstart.py:runlocal']
+# Every step logged; no BLEU, test-split decoding or FLOP/s measurement.
+QUICK = ['--config.train.log_every=1', '--config.eval.every=0',
+         '--config.eval.final_split=', '--config.eval.bleu_examples=0',
+         '--config.train.peak_flops=1e9', '--config.checkpoint.every=10']
+RUN_TIMEOUT = 1200  # seconds; generous for a loaded 2-core machine
+
+
+# -------------------------------------------- which processes join a runtime
+
+
+def distributed_settings(**values):
+  settings = config_lib.default_config().distributed
+  settings.update(values)
+  return settings
+
+
+def test_a_lone_process_starts_no_runtime():
+  assert parallel.distributed_arguments(distributed_settings(), {}) is None
+
+
+def test_the_environment_names_coordinator_count_and_id():
+  environ = {'JAX_COORDINATOR_ADDRESS': '10.0.0.1:1234',
+             'JAX_NUM_PROCESSES': '4', 'JAX_PROCESS_ID': '3'}
+  arguments = parallel.distributed_arguments(
+      distributed_settings(heartbeat_timeout=15), environ)
+  assert arguments == dict(
+      coordinator_address='10.0.0.1:1234', num_processes=4, process_id=3,
+      initialization_timeout=300, heartbeat_timeout_seconds=15,
+      shutdown_timeout_seconds=15)
+
+
+def test_config_values_take_precedence_over_the_environment():
+  environ = {'JAX_COORDINATOR_ADDRESS': '10.0.0.1:1234',
+             'JAX_NUM_PROCESSES': '4', 'JAX_PROCESS_ID': '3'}
+  arguments = parallel.distributed_arguments(
+      distributed_settings(coordinator_address='host0:99', num_processes=2,
+                           process_id=0), environ)
+  assert (arguments['coordinator_address'], arguments['num_processes'],
+          arguments['process_id']) == ('host0:99', 2, 0)
+
+
+def test_one_process_means_no_runtime_even_in_a_cluster():
+  slurm_step = {'SLURM_STEP_NODELIST': 'node[1-2]', 'SLURM_STEP_NUM_TASKS': '2'}
+  assert parallel.distributed_arguments(
+      distributed_settings(num_processes=1), slurm_step,
+      on_cloud_tpu=True) is None
+
+
+def test_slurm_steps_and_tpu_vms_leave_the_values_to_jax_detection():
+  slurm_step = {'SLURM_JOB_ID': '7', 'SLURM_NTASKS': '8',
+                'SLURM_STEP_NODELIST': 'node[1-2]', 'SLURM_STEP_NUM_TASKS': '8',
+                'SLURM_PROCID': '5', 'SLURM_LOCALID': '1'}
+  for environ, on_cloud_tpu in ((slurm_step, False), ({}, True)):
+    arguments = parallel.distributed_arguments(
+        distributed_settings(), environ, on_cloud_tpu=on_cloud_tpu)
+    assert arguments['coordinator_address'] is None
+    assert arguments['num_processes'] is None
+    assert arguments['process_id'] is None
+    assert arguments['heartbeat_timeout_seconds'] == 60
+
+
+def test_a_slurm_batch_script_outside_srun_is_one_process():
+  batch_script = {'SLURM_JOB_ID': '7', 'SLURM_NTASKS': '8', 'SLURM_PROCID': '0'}
+  assert parallel.distributed_arguments(distributed_settings(),
+                                        batch_script) is None
+
+
+def test_an_incomplete_explicit_setup_names_what_is_missing():
+  environ = {'JAX_COORDINATOR_ADDRESS': '10.0.0.1:1234',
+             'JAX_NUM_PROCESSES': '2'}
+  with pytest.raises(ValueError, match='missing: process_id .*JAX_PROCESS_ID'):
+    parallel.distributed_arguments(distributed_settings(), environ)
+
+
+def test_a_process_id_outside_the_count_is_an_error():
+  with pytest.raises(ValueError, match=r'process_id=2 is not in \[0, 2\)'):
+    parallel.distributed_arguments(distributed_settings(
+        coordinator_address='127.0.0.1:1', num_processes=2, process_id=2), {})
+
+
+# ------------------------------------------------------ end-to-end training
+
+
+def free_port() -> int:
+  with socket.socket() as s:
+    s.bind(('127.0.0.1', 0))
+    return s.getsockname()[1]
+
+
+def train(workdir, processes: int, devices: int, steps: int, *overrides):
+  """`jaxformer train` as `processes` x `devices` through launch/local.sh;
+  returns process 0's output."""
+  command = [str(LOCAL_SH), '--processes', str(processes), '--devices',
+             str(devices), '--port', str(free_port()), '--', *TRAIN,
+             '--workdir', str(workdir), f'--config.train.num_steps={steps}',
+             *QUICK, *overrides]
+  result = subprocess.run(command, capture_output=True, text=True,
+                          timeout=RUN_TIMEOUT)
+  assert result.returncode == 0, (
+      f'{processes} x {devices} run failed:\n{result.stdout[-4000:]}\n'
+      f'{result.stderr[-4000:]}')
+  return result.stdout
+
+
+def train_losses(workdir) -> dict[int, float]:
+  return {r['step']: r['loss'] for r in read_metrics(workdir) if 'loss' in r}
+
+
+def eval_records(workdir) -> list[dict]:
+  return [r for r in read_metrics(workdir) if 'eval_loss' in r]
+
+
+@pytest.fixture(scope='module')
+def one_process(tmp_path_factory):
+  """1 process x 4 devices, 10 steps (it trains the tokenizer)."""
+  workdir = tmp_path_factory.mktemp('one_process')
+  train(workdir, 1, 4, 10)
+  return workdir
+
+
+@pytest.fixture(scope='module')
+def two_processes(tmp_path_factory, one_process):
+  """2 processes x 2 devices, 10 steps, with the first run's tokenizer."""
+  workdir = tmp_path_factory.mktemp('two_processes')
+  train(workdir, 2, 2, 10, *shared_tokenizer(one_process))
+  return workdir
+
+
+def shared_tokenizer(one_process) -> list[str]:
+  model = one_process / 'tokenizer' / 'joint.model'
+  return [f'--config.data.tokenizer.model_path={model}']
+
+
+@pytest.mark.slow
+def test_two_processes_train_exactly_like_one(one_process, two_processes):
+  one, two = train_losses(one_process), train_losses(two_processes)
+  # Process 0 alone writes metrics: one record per step, none doubled.
+  assert sorted(two) == list(range(1, 11))
+  assert [r['step'] for r in read_metrics(two_processes)] == list(range(1, 11)) + [10]
+  for step in range(1, 11):
+    assert two[step] == pytest.approx(one[step], abs=1e-5), step
+  # Evaluation sees every dev example exactly once, however it is split.
+  (eval_one,), (eval_two,) = eval_records(one_process), eval_records(two_processes)
+  assert eval_two['eval_loss'] == pytest.approx(eval_one['eval_loss'], abs=1e-5)
+  assert eval_two['eval_accuracy'] == pytest.approx(eval_one['eval_accuracy'],
+                                                    abs=1e-6)
+  assert sorted(os.listdir(two_processes / 'tokenizer')) == ['joint.model']
+  assert json.loads((two_processes / 'config.json').read_text())['train'][
+      'num_steps'] == 10
+
+
+@pytest.mark.slow
+def test_checkpoints_restore_across_process_counts(one_process, two_processes,
+                                                   tmp_path):
+  # Each run resumes a copy of the other layout's step-10 checkpoint.
+  from_two = shutil.copytree(two_processes, tmp_path / 'from_two')
+  from_one = shutil.copytree(one_process, tmp_path / 'from_one')
+  output_one = train(from_two, 1, 4, 12, *shared_tokenizer(one_process))
+  output_two = train(from_one, 2, 2, 12)
+  for output in (output_one, output_two):
+    assert 'Resuming from the checkpoint of step 10' in output
+  one, two = train_losses(from_two), train_losses(from_one)
+  for step in (11, 12):
+    assert one[step] == pytest.approx(two[step], abs=1e-5), step
+  assert one[11] < train_losses(one_process)[1]
+
+
+def wait_for_first_step(workdir, processes, timeout: float) -> None:
+  metrics = workdir / 'metrics.jsonl'
+  deadline = time.monotonic() + timeout
+  while not (metrics.exists() and metrics.read_text().strip()):
+    failed = [p.args for p in processes if p.poll() is not None]
+    assert not failed, f'a process ended before the first step: {failed}'
+    assert time.monotonic() < deadline, 'no step within the time limit'
+    time.sleep(1)
+
+
+@pytest.mark.slow
+def test_killing_one_process_ends_the_other_within_the_heartbeat_timeout(
+    tmp_path):
+  heartbeat = 10
+  port = free_port()
+  workdir = tmp_path / 'run'
+  command = [*TRAIN, '--workdir', str(workdir),
+             '--config.train.num_steps=100000', *QUICK,
+             f'--config.distributed.heartbeat_timeout={heartbeat}']
+  logs = [open(tmp_path / f'process{i}.log', 'w') for i in range(2)]
+  processes = [
+      subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT,
+                       env=dict(os.environ, JAX_COORDINATOR_ADDRESS=f'127.0.0.1:{port}',
+                                JAX_NUM_PROCESSES='2', JAX_PROCESS_ID=str(i),
+                                JAX_PLATFORMS='cpu', XLA_FLAGS=(
+                                    '--xla_force_host_platform_device_count=2')))
+      for i, log in enumerate(logs)]
+  try:
+    wait_for_first_step(workdir, processes, RUN_TIMEOUT)
+    processes[1].send_signal(signal.SIGKILL)
+    killed = time.monotonic()
+    processes[0].wait(timeout=heartbeat + 120)
+    seconds = time.monotonic() - killed
+  finally:
+    for process in processes:
+      if process.poll() is None:
+        process.kill()
+      process.wait()
+    for log in logs:
+      log.close()
+  survivor_log = (tmp_path / 'process0.log').read_text()
+  assert processes[0].returncode != 0
+  assert seconds < heartbeat + 30, survivor_log[-3000:]
+  assert 'heartbeat' in survivor_log, survivor_log[-3000:]
