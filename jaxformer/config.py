@@ -65,7 +65,7 @@ def default_config() -> ml_collections.ConfigDict:
       initialization_timeout=300, heartbeat_timeout=60,
       # Longer than process 0's work after training (the final report), or
       # the others fail at the exit barrier.
-      shutdown_timeout=600))
+      shutdown_timeout=300))
   return c
 
 
