@@ -6,24 +6,39 @@ the tokenizers (serialized SentencePiece models) and the metrics of that
 step. The data stream is addressed by step, so the step is its position.
 Orbax writes each step into a temporary directory and renames it when
 complete, so a half-written step is never taken for a good one.
+
+An export (`export_params`, `jaxformer export` / `jaxformer average`) is a
+directory OUT/{params, extra}: parameters only, with the config and the
+tokenizers, which `load_export` (and `evaluate.load_trained`) read back.
 """
 import base64
-import errno
 import json
-import logging
 import os
+import sys
+import time
 
 import jax
 import ml_collections
 import numpy as np
+import optax
 import orbax.checkpoint as ocp
+from jax.experimental import multihost_utils
 from orbax.checkpoint.checkpoint_managers import preservation_policy
+
+from jaxformer import parallel
 
 # Keys that may change when a run resumes; everything else must match.
 RESUMABLE_CHANGES = ('train.', 'eval.', 'checkpoint.', 'decode.',
                      'distributed.', 'mesh.', 'data.tokenizer.wait_seconds',
                      'data.tsv.', 'data.files.', 'data.tfds.data_dir',
                      'seed')
+
+# Resumable keys that still change the layout of the saved state: the RNG
+# key's implementation, and clipping or weight decay switched on or off.
+STATE_LAYOUT = {'train.prng_impl': str, 'train.grad_clip_norm': bool,
+                'train.weight_decay': bool}
+
+EXPORT_FORMAT = 'jaxformer-params-1'
 
 
 class CheckpointError(RuntimeError):
@@ -45,13 +60,35 @@ def incompatible_keys(saved: dict, current: dict) -> list[str]:
   a, b = _flatten(saved), _flatten(current)
   changed = [k for k in sorted(set(a) | set(b))
              if json.dumps(a.get(k)) != json.dumps(b.get(k))]
-  return [k for k in changed if not k.startswith(RESUMABLE_CHANGES)]
+  return [k for k in changed if not k.startswith(RESUMABLE_CHANGES)
+          or (k in STATE_LAYOUT
+              and STATE_LAYOUT[k](a.get(k)) != STATE_LAYOUT[k](b.get(k)))]
 
 
-def _check_writable(directory: str) -> None:
+def _blocking_file(path: str) -> str | None:
+  """The first existing component of `path` that is not a directory."""
+  path = os.path.abspath(path)
+  parts = path.split(os.sep)
+  for end in range(2, len(parts) + 1):
+    prefix = os.sep.join(parts[:end])
+    if not os.path.exists(prefix):
+      return None
+    if not os.path.isdir(prefix):
+      return prefix
+  return None
+
+
+def make_workdir(directory: str) -> None:
+  """Creates `directory` and checks that files can be written there, so a
+  run fails before any work rather than at its first checkpoint."""
+  blocking = _blocking_file(directory)
+  if blocking is not None:
+    raise CheckpointError(
+        f'Cannot use {directory} as a directory: {blocking} is a file. '
+        'Choose another --workdir.')
   try:
     os.makedirs(directory, exist_ok=True)
-    probe = os.path.join(directory, '.write_test')
+    probe = os.path.join(directory, f'.write_test_{os.getpid()}')
     with open(probe, 'wb') as f:
       f.write(b'0' * 4096)
       f.flush()
@@ -59,8 +96,20 @@ def _check_writable(directory: str) -> None:
     os.remove(probe)
   except OSError as e:
     raise CheckpointError(
-        f'Cannot write checkpoints to {directory}: {e.strerror or e}. Free '
-        'some disk space or choose another --workdir.') from e
+        f'Cannot write to {directory}: {e.strerror or e}. Check its '
+        'permissions and free disk space, or choose another --workdir.'
+    ) from e
+
+
+def _short(error: Exception, limit: int = 300) -> str:
+  text = f'{type(error).__name__}: {error}'.splitlines()[0]
+  return text if len(text) <= limit else text[:limit] + '...'
+
+
+def _with_shardings(abstract, shardings):
+  return jax.tree.map(
+      lambda x, s: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=s),
+      abstract, shardings)
 
 
 class Checkpointer:
@@ -71,13 +120,18 @@ class Checkpointer:
                read_only: bool = False):
     self.directory = os.path.abspath(os.path.join(workdir, 'checkpoints'))
     self.options = options
+    self.read_only = read_only
     if jax.process_index() == 0 and not read_only:
-      _check_writable(self.directory)
-    best_key = f'eval_{options.best_metric}' if options.best_metric else None
+      make_workdir(self.directory)
+    self.best_key = (f'eval_{options.best_metric}' if options.best_metric
+                     else None)
     policies = [preservation_policy.LatestN(n=options.keep)]
-    if best_key:
+    if self.best_key:
+      # Only steps saved with the metric carry metrics (see `save`); older
+      # steps without it rank last (NaN would break the sort).
+      worst = float('inf') if options.best_mode == 'min' else float('-inf')
       policies.append(preservation_policy.BestN(
-          get_metric_fn=lambda metrics: metrics.get(best_key, float('nan')),
+          get_metric_fn=lambda metrics: metrics.get(self.best_key, worst),
           reverse=options.best_mode == 'min', n=1,
           keep_checkpoints_without_metrics=False))
     self.manager = ocp.CheckpointManager(
@@ -90,13 +144,38 @@ class Checkpointer:
             create=not read_only),
         item_names=('state', 'extra'))
     self.extra: dict = {}
+    self._pending_step = None
+
+  @classmethod
+  def reader(cls, workdir: str) -> 'Checkpointer':
+    """Read-only access to the checkpoints of a training workdir."""
+    if not os.path.isdir(os.path.join(workdir, 'checkpoints')):
+      raise CheckpointError(
+          f'No checkpoints in {workdir}: pass the --workdir of a training '
+          'run (it holds a checkpoints/ directory).')
+    options = ml_collections.ConfigDict(dict(
+        every=0, keep=1, best_metric='', best_mode='max', async_save=False))
+    return cls(workdir, options, read_only=True)
 
   def due(self, step: int) -> bool:
+    """A regular (every `every` steps) checkpoint; preemption is separate."""
     every = self.options.every
-    return (bool(every) and step % every == 0) or self.manager.reached_preemption(step)
+    return bool(every) and step % every == 0
+
+  def reached_preemption(self, step: int) -> bool:
+    """With several processes: whether all of them agreed to stop after
+    `step` (JAX's preemption service). Every process must call this once at
+    every step. Always False in a single process."""
+    return self.manager.reached_preemption(step)
 
   def latest_step(self) -> int | None:
     return self.manager.latest_step()
+
+  def all_steps(self) -> list[int]:
+    return sorted(self.manager.all_steps())
+
+  def step_directory(self, step: int) -> str:
+    return os.path.join(self.directory, str(step))
 
   def set_extra(self, config: ml_collections.ConfigDict, tokenizers) -> None:
     """What every step saves beside the state: config and tokenizers."""
@@ -110,65 +189,114 @@ class Checkpointer:
     """Starts writing `state` of `step` (returns before the write ends)."""
     if step in self.manager.all_steps():
       return
+    self.wait()
     clean = {k: float(v) for k, v in metrics.items()
              if np.isscalar(v) and np.isfinite(v)}
     extra = dict(self.extra, metrics=clean, step=int(step))
+    ranked = clean if self.best_key in clean else None
     try:
       self.manager.save(
           step, args=ocp.args.Composite(state=ocp.args.StandardSave(state),
                                         extra=ocp.args.JsonSave(extra)),
-          metrics=clean, force=force)
-    except OSError as e:
-      raise CheckpointError(
-          f'Writing the checkpoint of step {step} to {self.directory} failed: '
-          f'{e}. The previous checkpoints {self.manager.all_steps()} are '
-          'kept; free disk space and resume.') from e
+          metrics=ranked, force=force)
+    except Exception as e:  # Orbax reports I/O errors as several types.
+      raise self._save_failed(step, e) from e
+    self._pending_step = step
 
   def wait(self) -> None:
+    """Blocks until the last save is complete; raises if it failed."""
     try:
       self.manager.wait_until_finished()
-    except OSError as e:
-      if e.errno == errno.ENOSPC:
-        raise CheckpointError(f'Disk full while writing to {self.directory}; '
-                              'the previous checkpoints are kept.') from e
-      raise
+    except Exception as e:
+      raise self._save_failed(self._pending_step, e) from e
+    finally:
+      self._pending_step = None
+
+  def _save_failed(self, step, error: Exception) -> CheckpointError:
+    return CheckpointError(
+        f'Writing the checkpoint of step {step} to {self.directory} failed '
+        f'({_short(error)}). The previous checkpoints {self.all_steps()} are '
+        'kept; fix the cause (disk space, permissions) and run the same '
+        'command again to resume.')
 
   def restore_extra(self, step: int) -> dict:
     return self.manager.restore(
         step, args=ocp.args.Composite(extra=ocp.args.JsonRestore()))['extra']
 
   def restore(self, step: int, abstract_state, shardings):
-    """The state of `step`, each array placed by `shardings`."""
-    target = jax.tree.map(
-        lambda x, s: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=s),
-        abstract_state, shardings)
+    """The state of `step`, each array placed by `shardings`. Reads `extra`
+    as well, so a step missing either item counts as damaged."""
     restored = self.manager.restore(
-        step, args=ocp.args.Composite(state=ocp.args.StandardRestore(target)))
+        step, args=ocp.args.Composite(
+            state=ocp.args.StandardRestore(
+                _with_shardings(abstract_state, shardings)),
+            extra=ocp.args.JsonRestore()))
     return restored['state']
 
+  def restore_params(self, step: int, abstract_params):
+    """Only the parameters of `step` (no optimizer state is read);
+    `abstract_params` holds ShapeDtypeStructs with shardings."""
+    restored = self.manager.restore(
+        step, args=ocp.args.Composite(state=ocp.args.PyTreeRestore(
+            item={'params': abstract_params},
+            restore_args=ocp.checkpoint_utils.construct_restore_args(
+                {'params': abstract_params}),
+            partial_restore=True)))
+    return restored['state']['params']
+
   def restore_latest(self, abstract_state, shardings):
-    """The newest step that restores; a corrupt one is reported by name and
-    skipped (left on disk for inspection). None when there is none."""
-    for step in sorted(self.manager.all_steps(), reverse=True):
+    """The newest step that restores, or None when there are no steps.
+
+    A damaged step is reported by name and skipped. Unless read-only, it is
+    then renamed to <step>.damaged-<time> (kept for inspection, nothing is
+    deleted) so that the run can write that step again. When no step
+    restores, which suggests a cause other than damage, this raises and
+    moves nothing.
+    """
+    failures = {}
+    for step in reversed(self.all_steps()):
       try:
-        return self.restore(step, abstract_state, shardings)
+        restored = self.restore(step, abstract_state, shardings)
       except Exception as e:  # Orbax raises many types for damaged files.
-        logging.warning('Checkpoint %s is damaged (%s: %s); trying the one '
-                        'before.', os.path.join(self.directory, str(step)),
-                        type(e).__name__, e)
-        print(f'WARNING: checkpoint {os.path.join(self.directory, str(step))}'
-              f' cannot be restored ({type(e).__name__}); using an older one.',
-              flush=True)
+        failures[step] = _short(e)
+        print(f'WARNING: checkpoint {self.step_directory(step)} cannot be '
+              f'restored ({failures[step]}); trying the one before.',
+              file=sys.stderr, flush=True)
+        continue
+      if failures and not self.read_only:
+        self._move_aside(list(failures))
+      return restored
+    if failures:
+      raise CheckpointError(
+          f'No checkpoint in {self.directory} can be restored ('
+          + '; '.join(f'step {s}: {e}' for s, e in failures.items())
+          + '). If they are damaged, move them elsewhere to start afresh; '
+          'if the config changed, undo the change.')
     return None
 
+  def _move_aside(self, steps: list[int]) -> None:
+    stamp = time.strftime('%Y%m%d-%H%M%S')
+    if jax.process_index() == 0:
+      for step in steps:
+        target = f'{self.step_directory(step)}.damaged-{stamp}'
+        os.rename(self.step_directory(step), target)
+        print(f'WARNING: moved the damaged checkpoint aside to {target}.',
+              file=sys.stderr, flush=True)
+    if jax.process_count() > 1:
+      multihost_utils.sync_global_devices('jaxformer_moved_damaged_steps')
+    self.manager.reload()
+
   def check_compatible(self, config: ml_collections.ConfigDict) -> None:
-    """Raises if the latest checkpoint was made with an incompatible config."""
-    step = self.latest_step()
-    if step is None:
-      return
-    try:
-      saved = self.restore_extra(step)['config']
-    except Exception:  # A damaged latest step: restore_latest reports it.
+    """Raises if the newest readable checkpoint was made with a config whose
+    model or data differ from `config`."""
+    saved = None
+    for step in reversed(self.all_steps()):
+      try:
+        saved = self.restore_extra(step)['config']
+        break
+      except Exception:  # A damaged step: restore_latest reports it.
+        continue
+    if saved is None:
       return
     current = json.loads(config.to_json_best_effort())
     keys = incompatible_keys(saved, current)
@@ -178,7 +306,9 @@ class Checkpointer:
       raise CheckpointError(
           f'The checkpoints in {self.directory} were made with a different '
           f'config ({details}). Use another --workdir, or undo these changes '
-          '(train.*, eval.*, checkpoint.* and decode.* may change on resume).')
+          '(train.*, eval.*, checkpoint.* and decode.* may change on resume, '
+          'except train.prng_impl and switching train.grad_clip_norm or '
+          'train.weight_decay between 0 and non-zero).')
 
   def close(self) -> None:
     self.manager.close()
@@ -188,3 +318,140 @@ def tokenizers_from_extra(extra: dict):
   from jaxformer.data.tokenizer import Tokenizer
   return [Tokenizer.from_serialized(base64.b64decode(t))
           for t in extra['tokenizers']]
+
+
+def abstract_train_state(config: ml_collections.ConfigDict, mesh,
+                   tx: optax.GradientTransformation | None = None):
+  """ShapeDtypeStructs (with shardings on `mesh`) of the TrainState that
+  `config` trains; with the default `tx`, of its parameters only."""
+  from jaxformer.model import config as model_config_lib
+  from jaxformer.tasks import get_task
+  from jaxformer.train.loop import example_batch
+  from jaxformer.train.state import state_shardings
+  model_config = model_config_lib.from_config_dict(config.model)
+  task = get_task(config.task)
+  abstract, shardings = state_shardings(
+      task, task.model(model_config), tx or optax.identity(),
+      example_batch(config), mesh, parallel.axis_rules(config.mesh.axis_rules),
+      config.train.prng_impl)
+  return _with_shardings(abstract, shardings)
+
+
+def _local_mesh():
+  return parallel.make_mesh({'data': -1}, jax.local_devices())
+
+
+def _composite_checkpointer():
+  return ocp.Checkpointer(ocp.CompositeCheckpointHandler())
+
+
+def export_params(out: str, params, extra: dict) -> None:
+  """Writes `params` with the config and tokenizers of `extra` to `out`,
+  which must not exist yet."""
+  out = os.path.abspath(out)
+  if os.path.exists(out):
+    raise CheckpointError(f'{out} already exists; choose another --out, or '
+                          'remove it first.')
+  make_workdir(os.path.dirname(out))
+  contents = {'format': EXPORT_FORMAT, 'config': extra['config'],
+              'tokenizers': extra['tokenizers'],
+              'steps': extra.get('steps', [extra.get('step')]),
+              'source': extra.get('source', '')}
+  try:
+    _composite_checkpointer().save(out, args=ocp.args.Composite(
+        params=ocp.args.StandardSave(params),
+        extra=ocp.args.JsonSave(contents)))
+  except Exception as e:
+    raise CheckpointError(f'Writing the export {out} failed '
+                          f'({_short(e)}).') from e
+
+
+def is_export(directory: str) -> bool:
+  return (os.path.isdir(os.path.join(directory, 'params'))
+          and os.path.isdir(os.path.join(directory, 'extra'))
+          and not os.path.isdir(os.path.join(directory, 'checkpoints')))
+
+
+def load_export(directory: str, step: int | None = None):
+  """(params, ModelConfig, config, source_tok, target_tok) of an export, on
+  this process's devices."""
+  from jaxformer.model import config as model_config_lib
+  if step is not None:
+    raise ValueError(f'{directory} is an export with one set of parameters '
+                     '(no steps); leave out --checkpoint.')
+  checkpointer = _composite_checkpointer()
+  extra = checkpointer.restore(directory, args=ocp.args.Composite(
+      extra=ocp.args.JsonRestore()))['extra']
+  if extra.get('format') != EXPORT_FORMAT:
+    raise CheckpointError(f'{directory} is not a jaxformer export (format '
+                          f'{extra.get("format")!r}, expected '
+                          f'{EXPORT_FORMAT!r}).')
+  config = ml_collections.ConfigDict(extra['config'])
+  target = abstract_train_state(config, _local_mesh()).params
+  params = checkpointer.restore(directory, args=ocp.args.Composite(
+      params=ocp.args.StandardRestore(target)))['params']
+  tokenizers = tokenizers_from_extra(extra)
+  return (params, model_config_lib.from_config_dict(config.model), config,
+          tokenizers[0], tokenizers[-1])
+
+
+def running_mean(mean, params, count: int):
+  """The mean of `count` trees given that of the first count - 1. Exact
+  when all are equal."""
+  return jax.tree.map(lambda m, p: m + (p - m) / count, mean, params)
+
+
+def average_checkpoints(workdir: str, last: int, out: str) -> list[int]:
+  """Exports the mean parameters of the newest `last` checkpoints of
+  `workdir` to `out` (as the paper averages the last 5 or 20); returns the
+  averaged steps."""
+  if last < 1:
+    raise ValueError(f'--last must be at least 1, got {last}.')
+  reader = Checkpointer.reader(workdir)
+  steps = reader.all_steps()
+  if len(steps) < last:
+    raise CheckpointError(
+        f'{reader.directory} holds {len(steps)} checkpoints {steps}, fewer '
+        f'than --last={last}; lower --last, or train with a larger '
+        'checkpoint.keep.')
+  steps = steps[-last:]
+  extra = _read_step(reader, steps[-1], reader.restore_extra)
+  target = abstract_train_state(ml_collections.ConfigDict(extra['config']),
+                          _local_mesh()).params
+  mean = None
+  for count, step in enumerate(steps, start=1):
+    params = _read_step(reader, step,
+                        lambda s: reader.restore_params(s, target))
+    mean = params if mean is None else running_mean(mean, params, count)
+  export_params(out, mean, dict(extra, steps=steps,
+                                source=reader.directory))
+  return steps
+
+
+def export_checkpoint(workdir: str, out: str, step: int | None = None) -> int:
+  """Exports the parameters of `step` (default: the latest) to `out`."""
+  reader = Checkpointer.reader(workdir)
+  steps = reader.all_steps()
+  if not steps:
+    raise CheckpointError(f'{reader.directory} holds no checkpoint; train '
+                          'first or check the --workdir.')
+  step = steps[-1] if step is None else step
+  if step not in steps:
+    raise CheckpointError(f'No checkpoint of step {step} in '
+                          f'{reader.directory}; there are {steps}.')
+  extra = _read_step(reader, step, reader.restore_extra)
+  target = abstract_train_state(ml_collections.ConfigDict(extra['config']),
+                          _local_mesh()).params
+  params = _read_step(reader, step, lambda s: reader.restore_params(s, target))
+  export_params(out, params, dict(extra, steps=[step],
+                                  source=reader.directory))
+  return step
+
+
+def _read_step(reader: Checkpointer, step: int, read):
+  try:
+    return read(step)
+  except Exception as e:  # Orbax raises many types for damaged files.
+    raise CheckpointError(
+        f'Checkpoint {reader.step_directory(step)} cannot be read '
+        f'({_short(e)}); choose other steps.') from e

@@ -16,19 +16,22 @@ def _split_overrides(argv):
 
 
 def cmd_train(args, overrides) -> int:
+  from jaxformer.checkpoint import make_workdir
   from jaxformer.config import load_config
   from jaxformer.train.loop import Trainer
   config = load_config(args.config, overrides)
-  os.makedirs(args.workdir, exist_ok=True)
+  make_workdir(args.workdir)
   trainer = Trainer(config, args.workdir)
-  metrics = trainer.run()
-  if trainer.is_main and int(trainer.state.step) >= config.train.num_steps:
-    report_translation(trainer) if trainer.task.name == 'translation' else None
+  trainer.run()
+  finished = int(trainer.state.step) >= config.train.num_steps
+  if finished and trainer.task.name == 'translation':
+    report_translation(trainer)
   return 0
 
 
 def report_translation(trainer) -> None:
-  """After training: test-split scores, a few examples, and what next."""
+  """After training: test-split scores, a few examples, and what next.
+  Every process decodes its share; process 0 prints and writes."""
   from jaxformer import evaluate
   config = trainer.config
   split = config.eval.final_split
@@ -37,6 +40,8 @@ def report_translation(trainer) -> None:
   scores, hypotheses = evaluate.decode_split(
       trainer.state.params, trainer.model_config, config, trainer.source_tok,
       trainer.target_tok, split, trainer.mesh)
+  if not trainer.is_main:
+    return
   from jaxformer.data import sources
   pairs = sources.read_split(config.data, split)
   print(f'\n{split} split ({len(pairs)} sentences, beam '
@@ -87,6 +92,67 @@ def cmd_evaluate(args, overrides) -> int:
   return 0
 
 
+def cmd_average(args, overrides) -> int:
+  from jaxformer import checkpoint as checkpoint_lib
+  steps = checkpoint_lib.average_checkpoints(args.workdir, args.last, args.out)
+  print(f'Wrote the mean parameters of steps {steps} to {args.out}; use it '
+        f'like a workdir: jaxformer translate --workdir {args.out}')
+  return 0
+
+
+def cmd_export(args, overrides) -> int:
+  from jaxformer import checkpoint as checkpoint_lib
+  step = checkpoint_lib.export_checkpoint(args.workdir, args.out,
+                                          args.checkpoint)
+  print(f'Wrote the parameters of step {step} to {args.out}; use it like a '
+        f'workdir: jaxformer translate --workdir {args.out}')
+  return 0
+
+
+def cmd_attention(args, overrides) -> int:
+  import numpy as np
+  from jaxformer import decode, evaluate, plots
+  params, model_config, config, source_tok, target_tok = (
+      evaluate.load_trained(args.workdir, args.checkpoint))
+  model_config = model_config.replace(attention_impl='einsum')
+  rows, _ = evaluate.encode_sources(source_tok, [args.src],
+                                    config.data.max_source_length)
+  tokens, weights = decode.greedy_decode(
+      params, model_config, rows, return_attention=True,
+      max_decode_len=min(model_config.max_len,
+                         rows.shape[1] + config.decode.max_extra_len))
+  tokens, weights = np.asarray(tokens[0]), np.asarray(weights[0])
+  if not 0 <= args.layer < weights.shape[0]:
+    raise ValueError(f'--layer must be in [0, {weights.shape[0]}).')
+  if args.head is not None and not 0 <= args.head < weights.shape[1]:
+    raise ValueError(f'--head must be in [0, {weights.shape[1]}).')
+  source_length = int((rows[0] != 0).sum())
+  target_length = int(np.argmax(tokens == 1)) + 1 if 1 in tokens else int(
+      (tokens != 0).sum())
+  layer = weights[args.layer]
+  grid = layer.mean(0) if args.head is None else layer[args.head]
+  grid = grid[:target_length, :source_length]
+  head = 'mean of heads' if args.head is None else f'head {args.head}'
+  plots.attention_heatmap(
+      grid, [source_tok.id_to_piece(int(t)) for t in rows[0, :source_length]],
+      [target_tok.id_to_piece(int(t)) for t in tokens[:target_length]],
+      args.out, title=f'cross-attention, layer {args.layer}, {head}')
+  print(f'{target_tok.decode(tokens)}\nwrote {args.out}')
+  return 0
+
+
+def cmd_curves(args, overrides) -> int:
+  from jaxformer import plots
+  from jaxformer.train.metrics import read_metrics
+  path = os.path.join(args.workdir, 'metrics.jsonl')
+  if not os.path.exists(path):
+    raise FileNotFoundError(f'{path} does not exist; is {args.workdir} a '
+                            'training workdir?')
+  plots.training_curves(read_metrics(args.workdir), args.out)
+  print(f'wrote {args.out}')
+  return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
   parser = argparse.ArgumentParser(
       prog='jaxformer', description='Train and use Transformers with JAX.',
@@ -126,6 +192,40 @@ def build_parser() -> argparse.ArgumentParser:
   evaluate.add_argument('--beam', type=int, default=None)
   evaluate.add_argument('--alpha', type=float, default=None)
   evaluate.set_defaults(run=cmd_evaluate)
+
+  attention = commands.add_parser(
+      'attention', help='plot the cross-attention of one translation')
+  add_model_args(attention)
+  attention.add_argument('--src', required=True, help='the source sentence')
+  attention.add_argument('--layer', type=int, default=0)
+  attention.add_argument('--head', type=int, default=None,
+                         help='default: the mean over heads')
+  attention.add_argument('--out', required=True, help='a .png path')
+  attention.set_defaults(run=cmd_attention)
+
+  curves = commands.add_parser('curves',
+                               help='plot loss/BLEU curves of a run')
+  curves.add_argument('--workdir', required=True)
+  curves.add_argument('--out', required=True, help='a .png path')
+  curves.set_defaults(run=cmd_curves)
+
+  average = commands.add_parser(
+      'average', help='average the parameters of the last N checkpoints '
+      'into a parameters-only export')
+  average.add_argument('--workdir', required=True, help='a training workdir')
+  average.add_argument('--last', type=int, default=5,
+                       help='how many of the newest checkpoints (default 5)')
+  average.add_argument('--out', required=True,
+                       help='directory to create for the export')
+  average.set_defaults(run=cmd_average)
+
+  export = commands.add_parser(
+      'export', help='write the parameters of one checkpoint (no optimizer '
+      'state) with the config and tokenizers')
+  add_model_args(export)
+  export.add_argument('--out', required=True,
+                      help='directory to create for the export')
+  export.set_defaults(run=cmd_export)
   return parser
 
 

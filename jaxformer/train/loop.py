@@ -32,16 +32,29 @@ class NonFiniteLossError(RuntimeError):
 
 class StopRequested:
   """Set by SIGTERM (preemption, schedulers) or Ctrl-C; the loop saves a
-  checkpoint at the current step and exits cleanly."""
+  checkpoint at the current step and exits cleanly.
 
-  def __init__(self):
+  With several processes, JAX's preemption service owns SIGTERM (a Python
+  handler would replace it) and picks one step at which all processes stop,
+  so all save the same step; Ctrl-C is then left to its default.
+  """
+
+  def __init__(self, checkpoints: checkpoint_lib.Checkpointer):
     self.signal_name = None
+    self._checkpoints = checkpoints
     self._previous = {}
 
   def __enter__(self):
-    for sig in (signal.SIGTERM, signal.SIGINT):
-      self._previous[sig] = signal.signal(sig, self._handle)
+    if jax.process_count() == 1:
+      for sig in (signal.SIGTERM, signal.SIGINT):
+        self._previous[sig] = signal.signal(sig, self._handle)
     return self
+
+  def at(self, step: int) -> bool:
+    """Whether to save and stop after `step`; call once at every step."""
+    if jax.process_count() > 1 and self._checkpoints.reached_preemption(step):
+      self.signal_name = 'Preemption notice (SIGTERM)'
+    return self.signal_name is not None
 
   def _handle(self, signum, frame):
     del frame
@@ -50,9 +63,6 @@ class StopRequested:
   def __exit__(self, *exc):
     for sig, handler in self._previous.items():
       signal.signal(sig, handler)
-
-  def __bool__(self):
-    return self.signal_name is not None
 
 
 def with_vocabulary(config: ml_collections.ConfigDict, source_tok,
@@ -151,7 +161,8 @@ class Trainer:
     progress = Progress(train.num_steps, start_step, enabled=self.is_main)
     peak_flops = train.peak_flops or measure_peak_flops()
     final = {}
-    with parallel.activate(self.mesh, self.rules), StopRequested() as stop:
+    with (parallel.activate(self.mesh, self.rules),
+          StopRequested(self.checkpoints) as stop):
       step_fn = compile_train_step(
           self.mesh, shardings, task=self.task,
           model=self.task.model(self.model_config, deterministic=False),
@@ -165,12 +176,13 @@ class Trainer:
         local = next(batches)
         state, metrics = step_fn(state, parallel.global_batch(local, self.mesh))
         step += 1
+        stopping = stop.at(step)
         pending.append((step, metrics))
         window_tokens += self._tokens(local) * jax.process_count()
         window_flops += self._flops(local)
         boundary = (step % train.log_every == 0 or step == train.num_steps
                     or self._eval_due(step) or self.checkpoints.due(step)
-                    or bool(stop))
+                    or stopping)
         if not boundary:
           continue
         records = self._check_finite(pending, state)
@@ -190,9 +202,9 @@ class Trainer:
               f'eval_{k}={v:.4g}' for k, v in eval_metrics.items()))
           final.update({f'eval_{k}': v for k, v in eval_metrics.items()})
           self.checkpoints.save(step, state, final, force=True)
-        elif self.checkpoints.due(step) or stop:
-          self.checkpoints.save(step, state, final, force=bool(stop))
-        if stop:
+        elif self.checkpoints.due(step) or stopping:
+          self.checkpoints.save(step, state, final, force=stopping)
+        if stopping:
           self.checkpoints.wait()
           progress.close()
           self.log(f'{stop.signal_name} received: saved the checkpoint of step '
@@ -227,6 +239,7 @@ class Trainer:
     records = [(s, jax.device_get(m)) for s, m in pending]
     for s, metrics in records:
       if metrics['finite'] < 1 and self.config.train.nan_policy == 'stop':
+        self.checkpoints.wait()
         last = self.checkpoints.latest_step()
         raise NonFiniteLossError(
             f'Non-finite loss or gradient at step {s} (loss='

@@ -1,0 +1,364 @@
+"""Checkpoints: restoring into any mesh, keeping the best step, surviving
+damaged and failed writes, refusing incompatible configs, and parameter
+exports (`jaxformer export` / `jaxformer average`) that load and translate."""
+import os
+import pathlib
+import resource
+import shutil
+import signal
+
+import jax
+import ml_collections
+import numpy as np
+import orbax.checkpoint as ocp
+import pytest
+
+from jaxformer import checkpoint as checkpoint_lib
+from jaxformer import cli
+from jaxformer import evaluate
+from jaxformer import parallel
+from jaxformer.config import default_config, load_config
+from jaxformer.data import builtin
+from jaxformer.data import tokenizer as tokenizer_lib
+from jaxformer.model import config as model_config_lib
+from jaxformer.tasks import get_task
+from jaxformer.train import schedule as schedules
+from jaxformer.train.loop import example_batch, with_vocabulary
+from jaxformer.train.state import create_train_state, state_shardings
+
+CONFIG = str(pathlib.Path(__file__).resolve().parents[1] / 'configs'
+             / 'quickstart.py') + ':runlocal'
+
+
+@pytest.fixture(scope='module')
+def tokenizer(tmp_path_factory):
+  texts = [text for pair in builtin.generate(300, 0, 'train') for text in pair]
+  tok_config = default_config().data.tokenizer
+  tok_config.vocab_size = 128
+  prefix = str(tmp_path_factory.mktemp('tokenizer') / 'joint')
+  return tokenizer_lib.train_tokenizer(texts, prefix, tok_config)
+
+
+@pytest.fixture(scope='module')
+def config(tokenizer):
+  """The quickstart's tiny model (d_model 32, one layer each side)."""
+  return with_vocabulary(load_config(CONFIG), tokenizer, tokenizer)
+
+
+def options(**changes) -> ml_collections.ConfigDict:
+  result = default_config().checkpoint
+  result.update(changes)
+  return result
+
+
+def optimizer(config):
+  return schedules.make_optimizer(config.train, schedules.make_schedule(
+      config.train, config.model.d_model))
+
+
+def model_and_task(config):
+  task = get_task(config.task)
+  return task, task.model(model_config_lib.from_config_dict(config.model))
+
+
+def new_state(config, mesh):
+  task, model = model_and_task(config)
+  return create_train_state(task, model, optimizer(config),
+                            example_batch(config), mesh,
+                            config.mesh.axis_rules, seed=0)
+
+
+def layout(config, mesh):
+  """(abstract state, shardings) of the train state on `mesh`."""
+  task, model = model_and_task(config)
+  return state_shardings(task, model, optimizer(config), example_batch(config),
+                         mesh, config.mesh.axis_rules)
+
+
+def save(workdir, steps_and_states, config, tokenizer, **option_changes):
+  checkpoints = checkpoint_lib.Checkpointer(str(workdir),
+                                            options(**option_changes))
+  checkpoints.set_extra(config, [tokenizer])
+  for step, state in steps_and_states:
+    checkpoints.save(step, state, {'loss': 1.0})
+  checkpoints.wait()
+  return checkpoints
+
+
+def seen_by_a_new_process(workdir: pathlib.Path) -> pathlib.Path:
+  """A copy of `workdir`: reads of the original paths may be served from
+  what this process cached while writing them."""
+  copy = workdir.with_name(workdir.name + '_copy')
+  shutil.copytree(workdir, copy)
+  return copy
+
+
+def as_numpy(tree):
+  return jax.tree.map(np.asarray, jax.device_get(tree))
+
+
+def assert_trees_equal(a, b):
+  assert jax.tree.structure(a) == jax.tree.structure(b)
+  for x, y in zip(jax.tree.leaves(as_numpy(a)), jax.tree.leaves(as_numpy(b))):
+    np.testing.assert_array_equal(x, y)
+
+
+@pytest.fixture(scope='module')
+def mesh():
+  return parallel.make_mesh({'data': -1})
+
+
+@pytest.fixture(scope='module')
+def state(config):
+  """A fresh train state, sharded over a data=2 x fsdp=4 mesh."""
+  return new_state(config, parallel.make_mesh({'data': 2, 'fsdp': 4}))
+
+
+def shifted(state, amount: float):
+  return state.replace(params=jax.tree.map(lambda p: p + amount,
+                                           state.params))
+
+
+@pytest.fixture(scope='module')
+def fsdp_checkpoint(tmp_path_factory, config, tokenizer, state):
+  """The fresh state saved from its data=2 x fsdp=4 mesh."""
+  assert not all(x.sharding.is_fully_replicated
+                 for x in jax.tree.leaves(state.params))
+  workdir = tmp_path_factory.mktemp('fsdp')
+  save(workdir, [(7, state)], config, tokenizer).close()
+  return seen_by_a_new_process(workdir), as_numpy(state)
+
+
+@pytest.mark.parametrize('sizes, num_devices', [
+    ({'data': 1}, 1), ({'data': 4}, 4), ({'data': 8}, 8)])
+def test_state_saved_sharded_restores_into_another_mesh(
+    fsdp_checkpoint, config, sizes, num_devices):
+  workdir, saved = fsdp_checkpoint
+  mesh = parallel.make_mesh(sizes, jax.devices()[:num_devices])
+  abstract, shardings = layout(config, mesh)
+  checkpoints = checkpoint_lib.Checkpointer(str(workdir), options())
+  restored = checkpoints.restore_latest(abstract, shardings)
+  assert_trees_equal(restored, saved)
+  for array, sharding in zip(jax.tree.leaves(restored),
+                             jax.tree.leaves(shardings)):
+    assert array.sharding == sharding
+    assert len(array.devices()) == num_devices
+
+
+@pytest.mark.parametrize('best_metric, best_mode, scores, kept', [
+    ('bleu', 'max', {2: 30.0, 4: 20.0}, [2, 5]),
+    ('loss', 'min', {2: 3.0, 4: 1.0}, [4, 5]),
+])
+def test_best_step_is_kept_beside_the_latest(tmp_path, best_metric, best_mode,
+                                             scores, kept):
+  checkpoints = checkpoint_lib.Checkpointer(
+      str(tmp_path), options(keep=1, best_metric=best_metric,
+                             best_mode=best_mode))
+  state = {'w': np.arange(4.0)}
+  for step in range(1, 6):
+    metrics = {'loss': 9.0}
+    if step in scores:
+      metrics[f'eval_{best_metric}'] = scores[step]
+    checkpoints.save(step, state, metrics)
+  checkpoints.wait()
+  assert checkpoints.all_steps() == kept
+
+
+def truncate(path: pathlib.Path) -> None:
+  os.truncate(path, path.stat().st_size // 2)
+
+
+def truncate_array_index(step_dir: pathlib.Path) -> None:
+  truncate(step_dir / 'state' / 'manifest.ocdbt')
+
+
+def truncate_tree_metadata(step_dir: pathlib.Path) -> None:
+  truncate(step_dir / 'state' / '_METADATA')
+
+
+def delete_state(step_dir: pathlib.Path) -> None:
+  shutil.rmtree(step_dir / 'state')
+
+
+def delete_extra(step_dir: pathlib.Path) -> None:
+  shutil.rmtree(step_dir / 'extra')
+
+
+@pytest.mark.parametrize('damage', [truncate_array_index,
+                                    truncate_tree_metadata, delete_state,
+                                    delete_extra])
+def test_damaged_latest_step_is_reported_and_the_one_before_used(
+    tmp_path, config, tokenizer, mesh, state, capsys, damage):
+  later = shifted(state, 1.0)
+  save(tmp_path / 'run', [(1, state), (2, later)], config, tokenizer).close()
+  workdir = seen_by_a_new_process(tmp_path / 'run')
+  damaged = workdir / 'checkpoints' / '2'
+  damage(damaged)
+  files_before = sorted(p.relative_to(damaged)
+                        for p in damaged.rglob('*'))
+
+  checkpoints = checkpoint_lib.Checkpointer(str(workdir), options())
+  restored = checkpoints.restore_latest(*layout(config, mesh))
+
+  assert_trees_equal(restored, state)
+  assert f'{damaged} cannot be restored' in capsys.readouterr().err
+  [moved] = (workdir / 'checkpoints').glob('2.damaged-*')
+  assert sorted(p.relative_to(moved) for p in moved.rglob('*')) == files_before
+  assert checkpoints.all_steps() == [1]
+  checkpoints.set_extra(config, [tokenizer])
+  checkpoints.save(2, later, {})
+  checkpoints.wait()
+  assert checkpoints.all_steps() == [1, 2]
+
+
+def test_no_restorable_step_raises_and_moves_nothing(tmp_path, config,
+                                                     tokenizer, mesh, state):
+  save(tmp_path / 'run', [(1, state)], config, tokenizer).close()
+  workdir = seen_by_a_new_process(tmp_path / 'run')
+  delete_state(workdir / 'checkpoints' / '1')
+  checkpoints = checkpoint_lib.Checkpointer(str(workdir), options())
+
+  with pytest.raises(checkpoint_lib.CheckpointError,
+                     match='No checkpoint in .* can be restored .*step 1: '):
+    checkpoints.restore_latest(*layout(config, mesh))
+  assert sorted(os.listdir(workdir / 'checkpoints')) == ['1']
+
+
+def test_failed_save_raises_and_keeps_the_previous_checkpoints(
+    tmp_path, config, tokenizer, mesh, state):
+  checkpoints = save(tmp_path, [(1, state)], config, tokenizer)
+  # Root ignores permissions, but not a file size limit: every array file
+  # of the next step fails to write.
+  soft, hard = resource.getrlimit(resource.RLIMIT_FSIZE)
+  previous_handler = signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
+  resource.setrlimit(resource.RLIMIT_FSIZE, (20_000, hard))
+  try:
+    with pytest.raises(checkpoint_lib.CheckpointError,
+                       match=r'step 2 .* failed .* \[1\] are kept'):
+      checkpoints.save(2, state, {})
+      checkpoints.wait()
+  finally:
+    resource.setrlimit(resource.RLIMIT_FSIZE, (soft, hard))
+    signal.signal(signal.SIGXFSZ, previous_handler)
+
+  reopened = checkpoint_lib.Checkpointer(
+      str(seen_by_a_new_process(tmp_path)), options())
+  assert reopened.all_steps() == [1]
+  assert_trees_equal(reopened.restore_latest(*layout(config, mesh)), state)
+
+
+def test_resuming_with_another_model_or_state_layout_names_the_keys(
+    tmp_path, config, tokenizer):
+  save(tmp_path, [(1, {'w': np.zeros(2)})], config, tokenizer).close()
+  checkpoints = checkpoint_lib.Checkpointer(str(tmp_path), options())
+  changed = ml_collections.ConfigDict(config.to_dict())
+  changed.model.update(d_model=64, num_decoder_layers=2, vocab_size=512)
+  changed.train.update(num_steps=10_000, weight_decay=0.1, prng_impl='rbg')
+
+  with pytest.raises(checkpoint_lib.CheckpointError) as error:
+    checkpoints.check_compatible(changed)
+
+  message = str(error.value)
+  for key in ('model.d_model: saved 32, now 64',
+              'model.num_decoder_layers: saved 1, now 2',
+              'model.vocab_size: saved 128, now 512',
+              'train.weight_decay: saved 0.0, now 0.1',
+              "train.prng_impl: saved 'threefry2x32', now 'rbg'"):
+    assert key in message
+  assert 'train.num_steps' not in message
+
+
+def test_resuming_with_more_steps_or_another_learning_rate_is_allowed(
+    tmp_path, config, tokenizer):
+  save(tmp_path, [(1, {'w': np.zeros(2)})], config, tokenizer).close()
+  checkpoints = checkpoint_lib.Checkpointer(str(tmp_path), options())
+  changed = ml_collections.ConfigDict(config.to_dict())
+  changed.train.update(num_steps=10_000, learning_rate=1e-4,
+                       grad_clip_norm=0.5, schedule='warmup_cosine')
+  checkpoints.check_compatible(changed)
+
+
+def test_workdir_under_a_file_fails_at_start_naming_the_file(tmp_path, capsys):
+  blocking = tmp_path / 'notes.txt'
+  blocking.write_text('not a directory')
+  status = cli.main(['train', '--config', CONFIG,
+                     '--workdir', str(blocking / 'run')])
+  assert status == 1
+  assert f'{blocking} is a file' in capsys.readouterr().err
+  assert blocking.read_text() == 'not a directory'
+
+
+@pytest.fixture(scope='module')
+def three_steps(tmp_path_factory, config, tokenizer, state):
+  """A workdir with steps 1 (p), 2 (p + 1) and 3 (p + 2)."""
+  workdir = tmp_path_factory.mktemp('three_steps')
+  save(workdir, [(1, state), (2, shifted(state, 1.0)),
+                 (3, shifted(state, 2.0))], config, tokenizer, keep=3).close()
+  return seen_by_a_new_process(workdir), as_numpy(state.params)
+
+
+def test_average_of_the_last_two_steps_is_their_mean(three_steps, tmp_path):
+  workdir, params = three_steps
+  steps = checkpoint_lib.average_checkpoints(str(workdir), 2,
+                                             str(tmp_path / 'avg'))
+  assert steps == [2, 3]
+  averaged, *_ = checkpoint_lib.load_export(str(tmp_path / 'avg'))
+  for got, want in zip(jax.tree.leaves(as_numpy(averaged)),
+                       jax.tree.leaves(params)):
+    np.testing.assert_allclose(got, want + 1.5, rtol=1e-6, atol=1e-6)
+
+
+def test_average_of_identical_steps_is_that_step(tmp_path, config, tokenizer,
+                                                 state):
+  save(tmp_path / 'run', [(s, state) for s in (1, 2, 3)], config, tokenizer,
+       keep=3).close()
+  checkpoint_lib.average_checkpoints(
+      str(seen_by_a_new_process(tmp_path / 'run')), 3, str(tmp_path / 'avg'))
+  averaged, *_ = checkpoint_lib.load_export(str(tmp_path / 'avg'))
+  assert_trees_equal(averaged, state.params)
+
+
+def test_exports_from_the_command_line_load_and_translate(
+    three_steps, tmp_path, capsys):
+  workdir, params = three_steps
+  assert cli.main(['export', '--workdir', str(workdir),
+                   '--out', str(tmp_path / 'latest')]) == 0
+  assert cli.main(['average', '--workdir', str(workdir), '--last', '3',
+                   '--out', str(tmp_path / 'averaged')]) == 0
+  assert 'mean parameters of steps [1, 2, 3]' in capsys.readouterr().out
+
+  latest, model_config, config, source_tok, target_tok = (
+      evaluate.load_trained(str(tmp_path / 'latest')))
+  assert_trees_equal(latest, jax.tree.map(lambda p: p + 2.0, params))
+  averaged, *_ = evaluate.load_trained(str(tmp_path / 'averaged'))
+  for got, want in zip(jax.tree.leaves(as_numpy(averaged)),
+                       jax.tree.leaves(params)):
+    np.testing.assert_allclose(got, want + 1.0, rtol=1e-6, atol=1e-6)
+  saved_items = ocp.StandardCheckpointer().metadata(
+      str(tmp_path / 'averaged' / 'params')).item_metadata
+  assert set(saved_items) == set(params)
+  lines = list(evaluate.translate(
+      averaged, model_config, source_tok, target_tok,
+      ['she bought forty-two red apples .', ''], beam_size=1,
+      max_extra_len=4, batch_size=2))
+  assert len(lines) == 2 and lines[1] == ''
+
+
+def test_export_never_overwrites(three_steps, tmp_path, capsys):
+  workdir, _ = three_steps
+  out = tmp_path / 'taken'
+  out.mkdir()
+  (out / 'keep.txt').write_text('mine')
+  assert cli.main(['export', '--workdir', str(workdir),
+                   '--out', str(out)]) == 1
+  assert 'already exists' in capsys.readouterr().err
+  assert (out / 'keep.txt').read_text() == 'mine'
+
+
+def test_averaging_more_steps_than_kept_says_which_exist(three_steps,
+                                                         tmp_path):
+  workdir, _ = three_steps
+  with pytest.raises(checkpoint_lib.CheckpointError,
+                     match=r'3 checkpoints \[1, 2, 3\], fewer than --last=5'):
+    checkpoint_lib.average_checkpoints(str(workdir), 5, str(tmp_path / 'x'))
+  assert not (tmp_path / 'x').exists()
