@@ -147,9 +147,11 @@ def decode_split(params, model_config: ModelConfig,
   hypotheses: dict[int, str] = {}
   decode_len = min(model_config.max_len, config.data.max_target_length
                    + config.decode.max_extra_len)
+  batch_rows = mesh.shape['data'] * mesh.shape['fsdp']
+  batch_size = math.ceil(config.decode.batch_size / batch_rows) * batch_rows
   batches = pipeline.eval_batches(
       config.data, source_tok, target_tok, split,
-      batch_size=config.decode.batch_size, process_index=jax.process_index(),
+      batch_size=batch_size, process_index=jax.process_index(),
       process_count=jax.process_count())
   for local in batches:
     inputs = parallel.global_batch({'inputs': local['inputs'],

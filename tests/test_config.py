@@ -45,3 +45,40 @@ def test_an_invalid_model_setting_names_the_key():
 def test_a_missing_config_file_says_where_configs_live():
   with pytest.raises(config_lib.ConfigError, match='configs/'):
     config_lib.load_config('configs/nope.py')
+
+
+def shrink(config, tmp_path):
+  """A runlocal-style override: the config's own settings with a tiny model,
+  tiny batches and one step, so a config can be exercised in seconds."""
+  config.model.update(d_model=32, num_heads=4, d_ff=64, num_encoder_layers=1,
+                      num_decoder_layers=1)
+  config.data.tokenizer.update(vocab_size=64, sample_size=200)
+  config.data.builtin.update(num_train=300, num_dev=8, num_test=8)
+  config.data.update(max_source_length=32, max_target_length=32,
+                     batch_size=8, tokens_per_batch=256)
+  config.train.update(num_steps=1, warmup_steps=1, peak_flops=1e9)
+  config.eval.update(every=0, num_batches=1, bleu_examples=0)
+  config.checkpoint.update(every=0)
+  if config.data.source == 'tsv':
+    lines = '\n'.join(f'source {i} words\tziel {i} wörter' for i in range(60))
+    for split in ('train', 'dev', 'test'):
+      path = tmp_path / f'{split}.tsv'
+      path.write_text(lines + '\n', encoding='utf-8')
+      config.data.tsv[split] = str(path)
+  return config
+
+
+@pytest.mark.parametrize('path', sorted(
+    __import__('glob').glob('configs/*.py')))
+def test_every_config_trains_one_step_when_shrunk(path, tmp_path):
+  import contextlib
+  import tensorflow_datasets as tfds
+  from jaxformer.train.loop import Trainer
+  config = shrink(config_lib.load_config(path), tmp_path)
+  mock = (tfds.testing.mock_data(num_examples=64)
+          if config.data.source == 'tfds' else contextlib.nullcontext())
+  with mock:
+    trainer = Trainer(config, str(tmp_path / 'workdir'))
+    metrics = trainer.run()
+  assert int(trainer.state.step) == 1
+  assert metrics['loss'] > 0 and metrics['eval_loss'] > 0

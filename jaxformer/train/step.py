@@ -73,7 +73,8 @@ def train_step(state: TrainState, batch: dict[str, jax.Array], *, task, model,
 
   count = jnp.maximum(sums['weight'], 1.0)
   grads = jax.tree.map(lambda g: g / count, grads)
-  grad_norm = optax.global_norm(grads)
+  grad_norm = jnp.sqrt(sum(jnp.sum(jnp.square(g))
+                           for g in jax.tree.leaves(grads)))
   updates, opt_state = tx.update(grads, state.opt_state, state.params)
   params = optax.apply_updates(state.params, updates)
 
