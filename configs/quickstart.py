@@ -15,16 +15,16 @@ def get_config(arg: str = ''):
       num_decoder_layers=2, max_len=128, embedding_dropout=0.1,
       residual_dropout=0.1, share_embeddings='all')
   config.data.builtin.update(num_train=50_000, num_dev=500, num_test=500)
-  config.data.tokenizer.vocab_size = 384
-  config.data.update(max_source_length=32, max_target_length=32,
+  config.data.tokenizer.vocab_size = 512
+  config.data.update(max_source_length=40, max_target_length=40,
                      batch_size=64)
-  config.train.update(num_steps=3000, schedule='warmup_rsqrt',
-                      learning_rate=2e-3, warmup_steps=400,
+  config.train.update(num_steps=1200, schedule='warmup_rsqrt',
+                      learning_rate=2e-3, warmup_steps=200,
                       grad_clip_norm=1.0, log_every=100)
-  config.eval.update(every=1000, bleu_examples=200)
+  config.eval.update(every=600, bleu_examples=200)
   config.decode.update(beam_size=4, alpha=0.6, max_extra_len=16,
                        batch_size=100)
-  config.checkpoint.update(every=1000, keep=2)
+  config.checkpoint.update(every=600, keep=2)
   if arg == 'runlocal':
     config.model.update(d_model=32, d_ff=64, num_encoder_layers=1,
                         num_decoder_layers=1)

@@ -75,6 +75,35 @@ def cmd_translate(args, overrides) -> int:
   return 0
 
 
+def cmd_predict(args, overrides) -> int:
+  """Classification: one label per stdin line; regression: its value(s)."""
+  from jaxformer import evaluate
+  from jaxformer import predict
+  params, model_config, config, source_tok, _ = evaluate.load_trained(
+      args.workdir, args.checkpoint)
+  stream = open(args.input) if args.input else sys.stdin
+  lines = [line.rstrip('\n') for line in stream]
+  for start in range(0, len(lines), args.batch_size):
+    for output in predict.predict(params, model_config, config, source_tok,
+                                  lines[start:start + args.batch_size]):
+      print(output if isinstance(output, str)
+            else ' '.join(f'{value:.6g}' for value in output), flush=True)
+  return 0
+
+
+def cmd_generate(args, overrides) -> int:
+  from jaxformer import evaluate
+  from jaxformer import predict
+  params, model_config, config, _, target_tok = evaluate.load_trained(
+      args.workdir, args.checkpoint)
+  for text in predict.generate(
+      params, model_config, config, target_tok, [args.prompt] * args.num,
+      seed=args.seed, max_len=args.max_len, temperature=args.temperature,
+      top_k=args.top_k, top_p=args.top_p):
+    print(text, flush=True)
+  return 0
+
+
 def cmd_evaluate(args, overrides) -> int:
   from jaxformer import evaluate
   from jaxformer import parallel
@@ -183,6 +212,28 @@ def build_parser() -> argparse.ArgumentParser:
   translate.add_argument('--on-too-long', choices=('truncate', 'error'),
                          default='truncate')
   translate.set_defaults(run=cmd_translate)
+
+  predict = commands.add_parser(
+      'predict', help='classification labels or regression values of the '
+      'lines of stdin (or --input)')
+  add_model_args(predict)
+  predict.add_argument('--input', help='a file of texts, one per line')
+  predict.add_argument('--batch-size', type=int, default=64)
+  predict.set_defaults(run=cmd_predict)
+
+  generate = commands.add_parser(
+      'generate', help='sample continuations of a prompt from a language model')
+  add_model_args(generate)
+  generate.add_argument('--prompt', default='', help='text to continue')
+  generate.add_argument('--num', type=int, default=1, help='samples to draw')
+  generate.add_argument('--temperature', type=float, default=1.0,
+                        help='0: greedy')
+  generate.add_argument('--top-k', type=int, default=0, help='0: off')
+  generate.add_argument('--top-p', type=float, default=1.0, help='1: off')
+  generate.add_argument('--max-len', type=int, default=0,
+                        help='tokens incl. the prompt (0: data.max_target_length)')
+  generate.add_argument('--seed', type=int, default=0)
+  generate.set_defaults(run=cmd_generate)
 
   evaluate = commands.add_parser(
       'evaluate', help='BLEU/chrF of a split, printed as JSON')

@@ -226,3 +226,39 @@ def generate(num_examples: int, seed: int, split: str) -> list[tuple[str, str]]:
         seen.add(english)
         pairs.append((english, german))
   return pairs[:num_examples]
+
+
+def number_of(english: str) -> int:
+  """The number written out in a built-in English sentence, e.g.
+  number_of('she bought forty-two red apples .') -> 42."""
+  words = english.split()
+  verb_index = next(i for i, word in enumerate(words) if word in VERBS)
+  number_words = words[verb_index + 1:-2]  # Drops the noun and the full stop.
+  if number_words and number_words[-1] in ADJECTIVES:
+    number_words = number_words[:-1]
+  return _english_to_number()[' '.join(number_words)]
+
+
+@functools.cache
+def _english_to_number() -> dict[str, int]:
+  return {english: n for n, english in enumerate(_spelled_numbers()[0])}
+
+
+def task_examples(dataset: str, num_examples: int, seed: int, split: str
+                  ) -> list[tuple[str, str]]:
+  """(English sentence, label) pairs of the built-in sentences for other tasks:
+
+    'number_parity': label 'even' or 'odd' (classification);
+    'number_value':  the number / MAX_NUMBER, in [0, 1] (regression);
+    'sentences':     label '' (language modelling over the English side).
+  """
+  english = [pair[0] for pair in generate(num_examples, seed, split)]
+  if dataset == 'sentences':
+    return [(sentence, '') for sentence in english]
+  numbers = [number_of(sentence) for sentence in english]
+  if dataset == 'number_parity':
+    return [(s, 'odd' if n % 2 else 'even') for s, n in zip(english, numbers)]
+  if dataset == 'number_value':
+    return [(s, f'{n / MAX_NUMBER:.6f}') for s, n in zip(english, numbers)]
+  raise ValueError(f'data.builtin.dataset={dataset!r} is not one of '
+                   "('translation', 'number_parity', 'number_value', 'sentences')")

@@ -58,8 +58,14 @@ _BUCKET_GRANULARITY = 8
 def default_data_config() -> ml_collections.ConfigDict:
   """The `data` part of the training config, set up for the built-in dataset."""
   return ml_collections.ConfigDict(dict(
-      source='builtin',  # 'builtin' | 'tsv' | 'files' | 'tfds'
-      builtin=dict(num_train=200_000, num_dev=1000, num_test=1000, seed=0),
+      source='builtin',  # 'builtin' | 'tsv' | 'files' | 'tfds' | 'text'
+      # dataset: translation | number_parity | number_value | sentences
+      builtin=dict(num_train=200_000, num_dev=1000, num_test=1000, seed=0,
+                   dataset='translation'),
+      text=dict(train='', dev='', test=''),  # one document per line (LM)
+      # Class names of classification, in id order; [] means the sorted
+      # labels of the train split (then saved in the run's config).
+      labels=[],
       tsv=dict(train='', dev='', test=''),  # 'source<TAB>target' lines, .gz ok
       files=dict(train_source='', train_target='', dev_source='',
                  dev_target='', test_source='', test_target=''),

@@ -4,7 +4,11 @@ Kinds of source (`data.source`):
   'builtin'  generated English -> German sentences (see builtin.py);
   'tsv'      one file per split, lines 'source<TAB>target';
   'files'    a line-aligned pair of files per split (Moses style);
-  'tfds'     a TensorFlow Datasets translation dataset, already prepared.
+  'tfds'     a TensorFlow Datasets translation dataset, already prepared;
+  'text'     one document per line (language modelling), paired with ''.
+The same pairs serve the other tasks: 'tsv' lines 'text<TAB>label' (a class
+name or number) or 'text<TAB>value' (numbers separated by spaces), and
+`data.builtin.dataset` picks the built-in variant (see builtin.task_examples).
 Files may be gzip-compressed (name ends in '.gz') and may live anywhere
 tf.io.gfile reads (local paths, gs://...).
 
@@ -88,7 +92,17 @@ def _configured_path(paths: ml_collections.ConfigDict, group: str, key: str) -> 
 
 def _read_builtin(data_config: ml_collections.ConfigDict, split: str) -> list[Pair]:
   settings = data_config.builtin
-  return builtin.generate(settings[f'num_{split}'], settings.seed, split)
+  dataset = settings.get('dataset', 'translation')
+  if dataset == 'translation':
+    return builtin.generate(settings[f'num_{split}'], settings.seed, split)
+  return builtin.task_examples(dataset, settings[f'num_{split}'], settings.seed,
+                               split)
+
+
+def _read_text(data_config: ml_collections.ConfigDict, split: str) -> list[Pair]:
+  """One document per non-blank line, paired with '' (language modelling)."""
+  path = _configured_path(data_config.text, 'text', split)
+  return [(line, '') for line in read_lines(path) if line.strip()]
 
 
 def _tsv_error(path: str, line_number: int, num_tabs: int) -> DataError:
@@ -172,6 +186,7 @@ _READERS = {
     'tsv': _read_tsv,
     'files': _read_file_pair,
     'tfds': _read_tfds,
+    'text': _read_text,
 }
 
 

@@ -159,8 +159,8 @@ def _training_texts(data_config: ml_collections.ConfigDict
   chosen = np.sort(rng.choice(len(pairs), sample_size, replace=False))
   source_texts = [pairs[i][0] for i in chosen]
   target_texts = [pairs[i][1] for i in chosen]
-  if data_config.tokenizer.joint:
-    return (source_texts + target_texts,)
+  if data_config.tokenizer.joint:  # Language modelling pairs have '' targets.
+    return ([text for text in source_texts + target_texts if text],)
   return source_texts, target_texts
 
 

@@ -14,7 +14,7 @@ import numpy as np
 
 from jaxformer import checkpoint as checkpoint_lib
 from jaxformer import parallel
-from jaxformer.data import pipeline
+from jaxformer.data import tasks as data_tasks
 from jaxformer.data import tokenizer as tokenizer_lib
 from jaxformer.model import config as model_config_lib
 from jaxformer.tasks import get_task
@@ -76,6 +76,17 @@ def with_vocabulary(config: ml_collections.ConfigDict, source_tok,
   return config
 
 
+def with_labels(config: ml_collections.ConfigDict) -> ml_collections.ConfigDict:
+  """Classification: `data.labels` (the train split's sorted labels unless
+  given) and `model.num_classes` to match; other tasks are unchanged."""
+  if config.task != 'classification':
+    return config
+  config = ml_collections.ConfigDict(config.to_dict())
+  config.data.labels = data_tasks.labels_of(config.data)
+  config.model.num_classes = len(config.data.labels)
+  return config
+
+
 def example_batch(config: ml_collections.ConfigDict) -> dict[str, np.ndarray]:
   """A one-row batch of the configured shapes, for shape inference."""
   shape = {'inputs': config.data.max_source_length,
@@ -114,7 +125,8 @@ class Trainer:
     self.checkpoints = checkpoint_lib.Checkpointer(workdir, config.checkpoint)
     self.source_tok, self.target_tok = tokenizer_lib.get_or_train(
         config.data, workdir)
-    self.config = with_vocabulary(config, self.source_tok, self.target_tok)
+    self.config = with_labels(
+        with_vocabulary(config, self.source_tok, self.target_tok))
     self.checkpoints.check_compatible(self.config)
     self.checkpoints.set_extra(self.config, (self.source_tok, self.target_tok))
     if self.is_main:
@@ -154,8 +166,8 @@ class Trainer:
     state = self.initial_state()
     start_step = int(state.step)
     shardings = jax.tree.map(lambda x: x.sharding, state)
-    batches = pipeline.train_batches(
-        config.data, self.source_tok, self.target_tok, start_step=start_step,
+    batches = data_tasks.train_batches(
+        config, self.source_tok, self.target_tok, start_step=start_step,
         process_index=jax.process_index(), process_count=jax.process_count())
     writer = MetricsWriter(self.workdir, enabled=self.is_main)
     progress = Progress(train.num_steps, start_step, enabled=self.is_main)
@@ -261,8 +273,8 @@ class Trainer:
     eval_fn = compile_eval_step(self.mesh, param_shardings, task=self.task,
                                 model=model)
     totals = None
-    batches = pipeline.eval_batches(
-        self.config.data, self.source_tok, self.target_tok, eval_config.split,
+    batches = data_tasks.eval_batches(
+        self.config, self.source_tok, self.target_tok, eval_config.split,
         process_index=jax.process_index(), process_count=jax.process_count())
     for index, local in enumerate(batches):
       if eval_config.num_batches and index >= eval_config.num_batches:

@@ -1,0 +1,221 @@
+"""Batches for the tasks other than translation, from the same (text, label)
+pairs that `sources.read_split` reads.
+
+  classification  'inputs' (+ '_segment_ids', '_positions') [rows, max_source_length]
+                  and 'labels' [rows] int32: the label's index in `data.labels`;
+  regression      'inputs' (+ ...) and 'values' [rows, regression_dim] float32
+                  (the label column holds regression_dim numbers);
+  language_model  'targets' (+ ...) [rows, max_target_length]: the documents,
+                  each ending with EOS, concatenated and cut into rows
+                  (a document may continue on the next row).
+
+Each split becomes fixed-size rows once (numpy, no tf.data), so batch k of
+training is a pure function of (data, config, k): epoch e = k // batches per
+epoch visits the rows in a permutation seeded by (data.seed, e); the last
+batch of an epoch is completed with empty rows. Resuming at step k costs
+nothing, and each process builds only its own rows of every global batch.
+Evaluation visits every row once in order, completed with empty rows that
+carry 'example_index' -1.
+
+`train_batches` / `eval_batches` take the whole config and serve translation
+through `pipeline`, so the training loop needs no task-specific code.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator, Sequence
+
+import ml_collections
+import numpy as np
+
+from jaxformer.data import pipeline
+from jaxformer.data import sources
+from jaxformer.data import tokenizer as tokenizer_lib
+
+Batch = dict[str, np.ndarray]
+
+
+def label_vocabulary(labels: Sequence[str]) -> list[str]:
+  """Distinct class names in id order: sorted, numerically if all are integers."""
+  distinct = set(labels)
+  if all(label.lstrip('-').isdigit() for label in distinct):
+    return sorted(distinct, key=int)
+  return sorted(distinct)
+
+
+def labels_of(data_config: ml_collections.ConfigDict) -> list[str]:
+  """`data.labels`, or the label vocabulary of the train split if unset."""
+  if data_config.labels:
+    return list(data_config.labels)
+  return label_vocabulary([label for _, label in
+                           sources.read_split(data_config, 'train')])
+
+
+def label_ids(labels: Sequence[str], vocabulary: Sequence[str], split: str
+              ) -> np.ndarray:
+  """[examples] int32 indices of `labels` in `vocabulary`."""
+  index = {label: i for i, label in enumerate(vocabulary)}
+  unknown = sorted(set(labels) - set(index))
+  if unknown:
+    raise sources.DataError(
+        f'the {split} split has labels {unknown[:5]} that are not in '
+        f'data.labels={list(vocabulary)}; add them to data.labels (or leave it '
+        'empty to use the labels of the train split)')
+  return np.array([index[label] for label in labels], np.int32)
+
+
+def parse_values(texts: Sequence[str], dim: int, split: str) -> np.ndarray:
+  """[examples, dim] float32 from lines of `dim` space-separated numbers."""
+  values = np.zeros((len(texts), dim), np.float32)
+  for row, text in enumerate(texts):
+    fields = text.split()
+    try:
+      if len(fields) != dim:
+        raise ValueError
+      values[row] = [float(field) for field in fields]
+    except ValueError:
+      raise sources.DataError(
+          f'{split} example {row + 1}: label {text!r} is not {dim} number(s); '
+          "regression lines are 'text<TAB>value' with model.regression_dim "
+          'space-separated numbers') from None
+  return values
+
+
+def pad_token_rows(token_lists: Sequence[Sequence[int]], width: int
+                   ) -> dict[str, np.ndarray]:
+  """'inputs', 'inputs_segment_ids', 'inputs_positions' [examples, width]
+  int32: one example per row, cut to `width` tokens (ending with EOS)."""
+  tokens = np.zeros((len(token_lists), width), np.int32)
+  for row, ids in enumerate(token_lists):
+    ids = list(ids[:width])
+    if len(ids) == width:
+      ids[-1] = tokenizer_lib.EOS_ID
+    tokens[row, :len(ids)] = ids
+  present = tokens != 0
+  positions = np.where(present, np.arange(width, dtype=np.int32), 0)
+  return {'inputs': tokens, 'inputs_segment_ids': present.astype(np.int32),
+          'inputs_positions': positions}
+
+
+def pack_documents(token_lists: Sequence[Sequence[int]], width: int
+                   ) -> dict[str, np.ndarray]:
+  """'targets', 'targets_segment_ids', 'targets_positions' [rows, width] int32:
+  the documents concatenated and cut into rows; segment k + 1 of a row is its
+  k-th (piece of a) document, positions restart at each segment."""
+  lengths = np.array([len(ids) for ids in token_lists], np.int64)
+  flat = np.fromiter((t for ids in token_lists for t in ids), np.int32,
+                     int(lengths.sum()))
+  num_rows = -(-len(flat) // width)
+  document = np.repeat(np.arange(len(lengths)), lengths)
+  document_start = np.repeat(np.cumsum(lengths) - lengths, lengths)
+  index = np.arange(len(flat))
+  row_start = index // width * width
+  first_document_of_row = document[row_start]
+  segment = document - first_document_of_row + 1
+  position = index - np.maximum(document_start, row_start)
+
+  def lay_out(values):
+    out = np.zeros(num_rows * width, np.int32)
+    out[:len(flat)] = values
+    return out.reshape(num_rows, width)
+
+  return {'targets': lay_out(flat), 'targets_segment_ids': lay_out(segment),
+          'targets_positions': lay_out(position)}
+
+
+def task_rows(config: ml_collections.ConfigDict, split: str,
+              source_tok: tokenizer_lib.Tokenizer) -> dict[str, np.ndarray]:
+  """A whole split of `config.task` as rows: arrays [rows, ...]."""
+  data = config.data
+  texts, labels = zip(*sources.read_split(data, split))
+  if config.task == 'language_model':
+    return pack_documents(source_tok.encode(texts), data.max_target_length)
+  rows = pad_token_rows(source_tok.encode(texts), data.max_source_length)
+  if config.task == 'classification':
+    rows['labels'] = label_ids(labels, labels_of(data), split)
+  elif config.task == 'regression':
+    rows['values'] = parse_values(labels, config.model.regression_dim, split)
+  else:
+    raise ValueError(f'task={config.task!r} has no row batches; translation '
+                     'uses jaxformer.data.pipeline')
+  return rows
+
+
+def _take(rows: dict[str, np.ndarray], chosen: np.ndarray, count: int) -> Batch:
+  """Rows `chosen` [k <= count], completed with empty rows to `count`."""
+  batch = {}
+  for key, array in rows.items():
+    taken = np.zeros((count,) + array.shape[1:], array.dtype)
+    taken[:len(chosen)] = array[chosen]
+    batch[key] = taken
+  return batch
+
+
+def _rows_per_process(batch_size: int, process_count: int) -> int:
+  if batch_size % process_count:
+    raise ValueError(f'data.batch_size={batch_size} is not divisible by the '
+                     f'{process_count} processes; make it a multiple')
+  return batch_size // process_count
+
+
+def row_train_batches(rows: dict[str, np.ndarray], batch_size: int, seed: int,
+                      *, start_step: int = 0, process_index: int = 0,
+                      process_count: int = 1) -> Iterator[Batch]:
+  """Endless training batches of this process's rows, from batch `start_step`."""
+  num_rows = len(next(iter(rows.values())))
+  per_process = _rows_per_process(batch_size, process_count)
+  batches_per_epoch = -(-num_rows // batch_size)
+  step = start_step
+  while True:
+    epoch, number = divmod(step, batches_per_epoch)
+    order = np.random.default_rng([seed, epoch]).permutation(num_rows)
+    first = number * batch_size + process_index * per_process
+    yield _take(rows, order[first:first + per_process], per_process)
+    step += 1
+
+
+def row_eval_batches(rows: dict[str, np.ndarray], batch_size: int, *,
+                     process_index: int = 0, process_count: int = 1
+                     ) -> Iterator[Batch]:
+  """Every row once, in order; padding rows have 'example_index' -1."""
+  num_rows = len(next(iter(rows.values())))
+  per_process = -(-batch_size // process_count)
+  global_rows = per_process * process_count
+  for start in range(0, num_rows, global_rows):
+    first = min(start + process_index * per_process, num_rows)
+    chosen = np.arange(first, min(first + per_process, num_rows))
+    batch = _take(rows, chosen, per_process)
+    batch['example_index'] = np.full(per_process, -1, np.int32)
+    batch['example_index'][:len(chosen)] = chosen
+    yield batch
+
+
+def train_batches(config: ml_collections.ConfigDict,
+                  source_tok: tokenizer_lib.Tokenizer,
+                  target_tok: tokenizer_lib.Tokenizer, *, start_step: int = 0,
+                  process_index: int = 0, process_count: int = 1
+                  ) -> Iterator[Batch]:
+  """Training batches of `config.task`, from global batch `start_step` on."""
+  if config.task == 'translation':
+    return pipeline.train_batches(
+        config.data, source_tok, target_tok, start_step=start_step,
+        process_index=process_index, process_count=process_count)
+  return row_train_batches(
+      task_rows(config, 'train', source_tok), config.data.batch_size,
+      config.data.seed, start_step=start_step, process_index=process_index,
+      process_count=process_count)
+
+
+def eval_batches(config: ml_collections.ConfigDict,
+                 source_tok: tokenizer_lib.Tokenizer,
+                 target_tok: tokenizer_lib.Tokenizer, split: str, *,
+                 process_index: int = 0, process_count: int = 1
+                 ) -> Iterator[Batch]:
+  """Evaluation batches of `config.task` over the whole `split`."""
+  if config.task == 'translation':
+    return pipeline.eval_batches(
+        config.data, source_tok, target_tok, split,
+        process_index=process_index, process_count=process_count)
+  return row_eval_batches(task_rows(config, split, source_tok),
+                          config.data.batch_size, process_index=process_index,
+                          process_count=process_count)

@@ -1,0 +1,59 @@
+"""Using trained encoder-only and decoder-only models: labels or values of
+texts (`jaxformer predict`) and continuations of prompts (`jaxformer generate`)."""
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import jax
+import ml_collections
+import numpy as np
+
+from jaxformer import decode
+from jaxformer.data import tasks as data_tasks
+from jaxformer.data.tokenizer import EOS_ID, Tokenizer
+from jaxformer.model import ModelConfig
+from jaxformer.tasks import get_task
+
+
+def predict(params, model_config: ModelConfig, config: ml_collections.ConfigDict,
+            tokenizer: Tokenizer, texts: Sequence[str]) -> list:
+  """Class names (classification) or [regression_dim] float lists
+  (regression) of `texts`, cut to data.max_source_length tokens."""
+  if config.task not in ('classification', 'regression'):
+    raise ValueError(f'`predict` needs a classification or regression run; '
+                     f'this workdir trained task={config.task!r} (use '
+                     '`jaxformer generate` or `jaxformer translate`).')
+  inputs = data_tasks.pad_token_rows(tokenizer.encode(list(texts)),
+                                     config.data.max_source_length)
+  model = get_task(config.task).model(model_config)
+  outputs = np.asarray(jax.jit(model.apply)({'params': params}, **inputs))
+  if config.task == 'classification':
+    return [config.data.labels[i] for i in outputs.argmax(axis=-1)]
+  return outputs.tolist()
+
+
+def generate(params, model_config: ModelConfig, config: ml_collections.ConfigDict,
+             tokenizer: Tokenizer, prompts: Sequence[str], *, seed: int = 0,
+             max_len: int = 0, temperature: float = 1.0, top_k: int = 0,
+             top_p: float = 1.0) -> list[str]:
+  """Texts continuing `prompts` (prompt included), sampled from a language
+  model; max_len (tokens, 0: data.max_target_length) bounds each result."""
+  if config.task != 'language_model':
+    raise ValueError(f'`generate` needs a language_model run; this workdir '
+                     f'trained task={config.task!r} (use `jaxformer predict` '
+                     'or `jaxformer translate`).')
+  max_len = max_len or config.data.max_target_length
+  prompt_ids = [[t for t in ids if t != EOS_ID]
+                for ids in tokenizer.encode(list(prompts))]
+  width = max(1, max(len(ids) for ids in prompt_ids))
+  if width >= max_len:
+    raise ValueError(f'a prompt has {width} tokens, not fewer than '
+                     f'--max-len={max_len}; shorten it or raise --max-len.')
+  tokens = np.zeros((len(prompt_ids), width), np.int32)
+  for row, ids in enumerate(prompt_ids):
+    tokens[row, :len(ids)] = ids
+  samples = decode.sample(params, model_config, tokens,
+                          jax.random.PRNGKey(seed), max_decode_len=max_len,
+                          temperature=temperature, top_k=top_k, top_p=top_p,
+                          eos_id=EOS_ID)
+  return tokenizer.decode_batch(np.asarray(samples))
