@@ -48,11 +48,11 @@ def test_the_environment_names_coordinator_count_and_id():
   environ = {'JAX_COORDINATOR_ADDRESS': '10.0.0.1:1234',
              'JAX_NUM_PROCESSES': '4', 'JAX_PROCESS_ID': '3'}
   arguments = parallel.distributed_arguments(
-      distributed_settings(heartbeat_timeout=15), environ)
+      distributed_settings(heartbeat_timeout=15, shutdown_timeout=20), environ)
   assert arguments == dict(
       coordinator_address='10.0.0.1:1234', num_processes=4, process_id=3,
       initialization_timeout=300, heartbeat_timeout_seconds=15,
-      shutdown_timeout_seconds=15)
+      shutdown_timeout_seconds=20)
 
 
 def test_config_values_take_precedence_over_the_environment():

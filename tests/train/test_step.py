@@ -150,5 +150,5 @@ def test_scanned_layers_give_the_plain_loss_and_gradients(remat_policy):
 
   plain_loss, plain_grads = loss_and_grads(plain, params)
   scanned_loss, scanned_grads = loss_and_grads(scanned, stack_layers(params))
-  np.testing.assert_allclose(scanned_loss, plain_loss, rtol=1e-6)
-  assert_params_close(scanned_grads, stack_layers(plain_grads), atol=1e-6)
+  np.testing.assert_allclose(scanned_loss, plain_loss, rtol=1e-5)
+  assert_params_close(scanned_grads, stack_layers(plain_grads), atol=1e-5)
