@@ -18,13 +18,13 @@ def get_config(arg: str = ''):
   config.data.tokenizer.vocab_size = 512
   config.data.update(max_source_length=40, max_target_length=40,
                      batch_size=64)
-  config.train.update(num_steps=1200, schedule='warmup_rsqrt',
+  config.train.update(num_steps=600, schedule='warmup_rsqrt',
                       learning_rate=2e-3, warmup_steps=200,
                       grad_clip_norm=1.0, log_every=100)
-  config.eval.update(every=600, bleu_examples=200)
+  config.eval.update(every=300, bleu_examples=200)
   config.decode.update(beam_size=4, alpha=0.6, max_extra_len=16,
                        batch_size=100)
-  config.checkpoint.update(every=600, keep=2)
+  config.checkpoint.update(every=300, keep=2)
   if arg == 'runlocal':
     config.model.update(d_model=32, d_ff=64, num_encoder_layers=1,
                         num_decoder_layers=1)

@@ -28,7 +28,9 @@ def corpus_scores(hypotheses: Sequence[str],
   exact = np.mean([h.strip() == r.strip()
                    for h, r in zip(hypotheses, references)])
   return {
-      'bleu': sacrebleu.corpus_bleu(hypotheses, [references]).score,
+      # force: the text is detokenised; a ' .' ending is just a word here.
+      'bleu': sacrebleu.corpus_bleu(hypotheses, [references],
+                                    force=True).score,
       'chrf': sacrebleu.corpus_chrf(hypotheses, [references]).score,
       'exact_match': 100.0 * float(exact),
   }

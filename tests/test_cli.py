@@ -1,0 +1,71 @@
+"""The commands a user runs after training, on a run of the runlocal quick
+start: translate, evaluate, attention, curves, and their bad-input errors."""
+import io
+import json
+import sys
+
+import pytest
+from PIL import Image
+
+from jaxformer import cli
+
+
+@pytest.fixture(scope='module')
+def workdir(tmp_path_factory):
+  path = str(tmp_path_factory.mktemp('quickstart'))
+  assert cli.main(['train', '--config', 'configs/quickstart.py:runlocal',
+                   '--workdir', path, '--config.train.num_steps=10',
+                   '--config.eval.every=0', '--config.eval.bleu_examples=8',
+                   '--config.train.peak_flops=1e9']) == 0
+  return path
+
+
+def test_train_reports_test_scores_and_how_to_translate(workdir):
+  scores = json.load(open(f'{workdir}/test_scores.json'))
+  assert set(scores) == {'bleu', 'chrf', 'exact_match'}
+
+
+def test_translate_keeps_order_and_empty_lines(workdir, monkeypatch, capfd):
+  lines = ['he sold three old cups .', '', 'we bought nine red apples .']
+  monkeypatch.setattr(sys, 'stdin', io.StringIO('\n'.join(lines) + '\n'))
+  assert cli.main(['translate', '--workdir', workdir, '--beam', '2',
+                   '--batch-size', '2']) == 0
+  out = capfd.readouterr().out.split('\n')
+  assert len(out) == 4 and out[1] == '' and out[3] == ''
+
+
+def test_translate_truncates_or_rejects_overlong_lines(workdir, tmp_path,
+                                                       capfd):
+  source = tmp_path / 'long.txt'
+  source.write_text(' '.join(['seven hundred'] * 40) + '\n')
+  assert cli.main(['translate', '--workdir', workdir, '--input',
+                   str(source), '--beam', '1']) == 0
+  assert 'truncated' in capfd.readouterr().err
+  assert cli.main(['translate', '--workdir', workdir, '--input', str(source),
+                   '--on-too-long', 'error']) == 1
+  assert 'more than the model maximum' in capfd.readouterr().err
+
+
+def test_evaluate_prints_bleu_as_json_and_writes_hypotheses(workdir, capfd):
+  assert cli.main(['evaluate', '--workdir', workdir, '--split', 'dev',
+                   '--beam', '1']) == 0
+  report = json.loads(capfd.readouterr().out)
+  assert report['split'] == 'dev' and 0 <= report['bleu'] <= 100
+  assert len(open(report['hypotheses']).read().splitlines()) == 40
+
+
+def test_attention_and_curves_write_pictures(workdir, tmp_path):
+  picture = tmp_path / 'attention.png'
+  assert cli.main(['attention', '--workdir', workdir, '--src',
+                   'she bought forty-two red apples .', '--head', '1',
+                   '--out', str(picture)]) == 0
+  width, height = Image.open(picture).size
+  assert width >= 400 and height >= 300
+  curves = tmp_path / 'curves.png'
+  assert cli.main(['curves', '--workdir', workdir, '--out', str(curves)]) == 0
+  assert Image.open(curves).size[0] > 0
+
+
+def test_a_workdir_without_checkpoints_is_a_clear_error(tmp_path, capfd):
+  assert cli.main(['translate', '--workdir', str(tmp_path)]) == 1
+  assert 'No checkpoints' in capfd.readouterr().err
