@@ -122,6 +122,7 @@ class Trainer:
     parallel.initialize_distributed(config.distributed)
     self.workdir = workdir
     self.is_main = jax.process_index() == 0
+    self._eval_fn = None
     self.checkpoints = checkpoint_lib.Checkpointer(workdir, config.checkpoint)
     self.source_tok, self.target_tok = tokenizer_lib.get_or_train(
         config.data, workdir)
@@ -268,10 +269,10 @@ class Trainer:
     """Loss metrics on the eval split (and BLEU for translation)."""
     from jaxformer import evaluate as evaluate_lib
     eval_config = self.config.eval
-    model = self.task.model(self.model_config)
-    param_shardings = jax.tree.map(lambda x: x.sharding, state.params)
-    eval_fn = compile_eval_step(self.mesh, param_shardings, task=self.task,
-                                model=model)
+    if self._eval_fn is None:  # Compiled once per run, not once per eval.
+      self._eval_fn = compile_eval_step(
+          self.mesh, jax.tree.map(lambda x: x.sharding, state.params),
+          task=self.task, model=self.task.model(self.model_config))
     totals = None
     batches = data_tasks.eval_batches(
         self.config, self.source_tok, self.target_tok, eval_config.split,
@@ -280,7 +281,8 @@ class Trainer:
       if eval_config.num_batches and index >= eval_config.num_batches:
         break
       local = {k: v for k, v in local.items() if k != 'example_index'}
-      sums = eval_fn(state.params, parallel.global_batch(local, self.mesh))
+      sums = self._eval_fn(state.params,
+                           parallel.global_batch(local, self.mesh))
       totals = sums if totals is None else jax.tree.map(jnp.add, totals, sums)
     metrics = {k: float(np.asarray(v))
                for k, v in jax.device_get(losses.summarise(totals)).items()
@@ -295,5 +297,5 @@ class Trainer:
 
 def train(config: ml_collections.ConfigDict, workdir: str) -> dict:
   """Trains (or resumes) in `workdir`; returns the last logged metrics."""
-  os.makedirs(workdir, exist_ok=True)
+  checkpoint_lib.make_workdir(workdir)
   return Trainer(config, workdir).run()
