@@ -143,7 +143,6 @@ def cmd_attention(args, overrides) -> int:
   from jaxformer import decode, evaluate, plots
   params, model_config, config, source_tok, target_tok = (
       evaluate.load_trained(args.workdir, args.checkpoint))
-  model_config = model_config.replace(attention_impl='einsum')
   rows, _ = evaluate.encode_sources(source_tok, [args.src],
                                     config.data.max_source_length)
   tokens, weights = decode.greedy_decode(

@@ -23,9 +23,6 @@ from jaxformer.model.transformer import DecoderLM, EncoderDecoder
 PAD_ID = 0  # Also the decoder's start token.
 EOS_ID = 1
 NEG_INF = -np.inf
-# Beam search moves cached keys/values between beams in blocks of this many
-# positions, and only the blocks written so far.
-REORDER_BLOCK = 8
 
 # step_fn(cache, previous_tokens [rows], step []) -> (logits [rows, v], cache,
 # record): one decoder position for every row; `record` is an optional per-step
@@ -63,8 +60,9 @@ def init_cache(model_config: ModelConfig, params, encoded: jax.Array,
                inputs_segment_ids: jax.Array, max_decode_len: int):
   """The decoding cache of an `EncoderDecoder` for one batch of sources.
 
-  Self-attention keys/values are zeros of length `max_decode_len` (index 0);
-  cross-attention keys/values are projected from `encoded` here, once.
+  Self-attention keys/values are zeros of length `max_decode_len` (index 0,
+  one beam); cross-attention keys/values are projected from `encoded` here,
+  once.
 
   Args:
     encoded: [batch, s, d_model] encoder output.
@@ -72,8 +70,7 @@ def init_cache(model_config: ModelConfig, params, encoded: jax.Array,
   """
   batch = encoded.shape[0]
   decoder_inputs = jnp.zeros((batch, max_decode_len), jnp.int32)
-  # Only shapes matter to the cache this call creates (positions may run
-  # past the model's max_len in a beam search cache).
+  # Only shapes matter to the cache this call creates.
   positions = jnp.zeros_like(decoder_inputs)
   _, variables = EncoderDecoder(model_config, decode=True).apply(
       {'params': params}, encoded, inputs_segment_ids, decoder_inputs,
@@ -97,66 +94,39 @@ def _leaf_name(path) -> str:
   return str(getattr(path[-1], 'key', path[-1]))
 
 
-def _batch_axis(leaf: jax.Array) -> int:
-  # Keys/values are [..., batch, length, heads, head_dim]; with scanned layers
-  # a leading layers axis comes first.
-  return leaf.ndim - 4
-
-
 def repeat_cache_for_beams(cache, beam_size: int):
-  """Each row's keys/values repeated `beam_size` times, row-major:
-  [..., batch, ...] -> [..., batch * beam, ...]. Cache indices are shared."""
+  """Widens a one-beam cache to `beam_size` hypotheses per sentence: cached
+  self-attention keys/values [..., batch, n, length, h] -> [..., batch, n,
+  length * beam, h] and their history [..., batch, 1, length] -> [..., batch,
+  beam, length] (a leading layers axis with scanned layers). Source
+  keys/values stay one copy per sentence."""
   def repeat(path, leaf):
-    if _leaf_name(path) == 'index':
-      return leaf
-    return jnp.repeat(leaf, beam_size, axis=_batch_axis(leaf))
+    name = _leaf_name(path)
+    if name in ('cached_key', 'cached_value'):
+      return jnp.repeat(leaf, beam_size, axis=-2)
+    if name == 'history':
+      return jnp.repeat(leaf, beam_size, axis=-2)
+    return leaf
   return jax.tree_util.tree_map_with_path(repeat, cache)
 
 
-def beam_cache_length(max_decode_len: int) -> int:
-  """Self-attention cache length for beam search: `max_decode_len` rounded
-  up to whole blocks of REORDER_BLOCK positions."""
-  return -(-max_decode_len // REORDER_BLOCK) * REORDER_BLOCK
-
-
-def _take_rows_in_block(leaf: jax.Array, rows: jax.Array, start) -> jax.Array:
-  """Positions [start, start + REORDER_BLOCK) of row i replaced by those of
-  row rows[i]. leaf: [..., rows, length, heads, head_dim]."""
-  batch_axis = _batch_axis(leaf)
-  block = jax.lax.dynamic_slice_in_dim(leaf, start, REORDER_BLOCK,
-                                       batch_axis + 1)
-  return jax.lax.dynamic_update_slice_in_dim(
-      leaf, jnp.take(block, rows, axis=batch_axis, mode='clip'), start,
-      batch_axis + 1)
-
-
-def reorder_self_attention_cache(cache, rows: jax.Array,
-                                 filled_length: jax.Array):
-  """Self-attention keys/values of row i taken from row rows[i]
-  ([batch * beam] int), block by block over the first `filled_length`
-  positions only: later ones are not written yet (zero in every row).
-  Cross-attention keys/values are the same for every beam of a sentence and
-  stay put. The cache length must be a multiple of REORDER_BLOCK."""
-  paths_and_leaves, treedef = jax.tree_util.tree_flatten_with_path(cache)
-  leaves = [leaf for _, leaf in paths_and_leaves]
-  selected = [i for i, (path, _) in enumerate(paths_and_leaves)
-              if _leaf_name(path) in ('cached_key', 'cached_value')]
-
-  def move_block(block_index, some_leaves):
-    return [_take_rows_in_block(leaf, rows, block_index * REORDER_BLOCK)
-            for leaf in some_leaves]
-  moved = jax.lax.fori_loop(0, -(-filled_length // REORDER_BLOCK), move_block,
-                            [leaves[i] for i in selected])
-  for i, leaf in zip(selected, moved):
-    leaves[i] = leaf
-  return jax.tree_util.tree_unflatten(treedef, leaves)
+def select_beam_histories(cache, parents: jax.Array):
+  """Beam i of each sentence continues hypothesis parents[b, i]: it takes over
+  that hypothesis's history of cached positions. parents: [batch, beam]
+  int."""
+  def select(path, leaf):
+    if _leaf_name(path) != 'history':
+      return leaf
+    index = parents.reshape((1,) * (leaf.ndim - 3) + parents.shape + (1,))
+    return jnp.take_along_axis(leaf, index, axis=-2)
+  return jax.tree_util.tree_map_with_path(select, cache)
 
 
 # ------------------------------------------------------------------ steps ---
 
 def cross_attention_weights(intermediates, config: ModelConfig) -> jax.Array:
   """Cross-attention weights of one decode step from the 'intermediates'
-  collection (einsum attention only): [batch, layers, heads, s]."""
+  collection: [batch, layers, heads, s]."""
   decoder = intermediates['decoder']
   if config.scan_layers:
     (weights,) = decoder['layers']['cross_attention']['attention_weights']
@@ -310,8 +280,7 @@ def greedy_decode(params, config: ModelConfig, inputs, *,
       row decodes to zeros.
     max_decode_len: defaults to `max_decode_length(inputs, 50, config.max_len)`.
     eos_id: end-of-sentence id; -1 never stops (every step runs).
-    return_attention: also return cross-attention weights (einsum attention
-      only; the fused path records none).
+    return_attention: also return cross-attention weights.
 
   Returns:
     tokens [batch, max_decode_len] int32: EOS included, 0 after it; with
@@ -321,8 +290,6 @@ def greedy_decode(params, config: ModelConfig, inputs, *,
   if max_decode_len is None:
     max_decode_len = max_decode_length(inputs, max_len=config.max_len)
   _check_decode_length(config, max_decode_len)
-  if return_attention and config.attention_impl != 'einsum':
-    raise ValueError("return_attention needs attention_impl='einsum'.")
   return _greedy_decode(meta.unbox(params), jnp.asarray(inputs, jnp.int32),
                         config, max_decode_len, jnp.int32(eos_id),
                         return_attention)
@@ -391,9 +358,7 @@ def beam_search_step(state: BeamState, step_fn: StepFn, *, alpha, eos_id,
   # As in a beam of `beam` hypotheses, only the `beam` best extensions may
   # end; so a single beam ends where greedy search does.
   ends &= jnp.arange(2 * beam) < beam
-  alive_parent = take_beams(parent, alive_pick)
-  rows = (jnp.arange(batch)[:, None] * beam + alive_parent).reshape(-1)
-  cache = reorder_self_attention_cache(cache, rows, step + 1)
+  cache = select_beam_histories(cache, take_beams(parent, alive_pick))
 
   ended_score = jnp.where(
       ends, top_logprob / length_penalty(step + 1.0, alpha), NEG_INF)
@@ -451,8 +416,7 @@ def final_beams(state: BeamState, max_decode_len: int, alpha: float):
 def _beam_search(params, inputs, config, beam_size, alpha, max_decode_len,
                  eos_id, early_exit):
   encoded, segment_ids = encode_sources(config, params, inputs)
-  cache = init_cache(config, params, encoded, segment_ids,
-                     beam_cache_length(max_decode_len))
+  cache = init_cache(config, params, encoded, segment_ids, max_decode_len)
   step_fn = translation_step_fn(
       config, params, jnp.repeat(segment_ids, beam_size, axis=0))
   state = initial_beam_state(cache, jnp.any(inputs != PAD_ID, axis=-1),

@@ -38,6 +38,35 @@ def _masked_value(dtype) -> float:
   return -0.7 * float(jnp.finfo(dtype).max)
 
 
+def heads_first_attention(query, key, value, mask, *,
+                          dropout_rate: float = 0.0, dropout_rng=None):
+  """Scaled dot-product attention on heads-first arrays, written out with
+  einsums (the layout of the decoding cache).
+
+  Args:
+    query: [batch, n, t, h]; key, value: [batch, n, s, h].
+    mask: bool, broadcastable to [batch, n, t, s].
+
+  Returns:
+    ([batch, n, t, h] in query's dtype, [batch, n, t, s] float32 weights).
+  """
+  scale = query.shape[-1] ** -0.5
+  logits = jnp.einsum('bnth,bnsh->bnts', query * jnp.asarray(scale, query.dtype),
+                      key, preferred_element_type=jnp.float32)
+  logits = jnp.where(mask, logits, _masked_value(jnp.float32))
+  weights = jax.nn.softmax(logits, axis=-1)
+  if dropout_rate > 0.0 and dropout_rng is not None:
+    keep = jax.random.bernoulli(dropout_rng, 1.0 - dropout_rate, weights.shape)
+    weights = jnp.where(keep, weights / (1.0 - dropout_rate), 0.0)
+  out = jnp.einsum('bnts,bnsh->bnth', weights.astype(value.dtype), value)
+  return out, weights
+
+
+def heads_first(x: jax.Array) -> jax.Array:
+  """[batch, length, n, h] <-> [batch, n, length, h]."""
+  return jnp.swapaxes(x, 1, 2)
+
+
 def einsum_attention(query, key, value, mask, *, dropout_rate: float = 0.0,
                      dropout_rng=None):
   """Scaled dot-product attention written out with einsums.
@@ -49,16 +78,36 @@ def einsum_attention(query, key, value, mask, *, dropout_rate: float = 0.0,
   Returns:
     ([batch, t, n, h] in query's dtype, [batch, n, t, s] float32 weights).
   """
-  scale = query.shape[-1] ** -0.5
-  logits = jnp.einsum('btnh,bsnh->bnts', query * jnp.asarray(scale, query.dtype),
-                      key, preferred_element_type=jnp.float32)
-  logits = jnp.where(mask, logits, _masked_value(jnp.float32))
-  weights = jax.nn.softmax(logits, axis=-1)
-  if dropout_rate > 0.0 and dropout_rng is not None:
-    keep = jax.random.bernoulli(dropout_rng, 1.0 - dropout_rate, weights.shape)
-    weights = jnp.where(keep, weights / (1.0 - dropout_rate), 0.0)
-  out = jnp.einsum('bnts,bsnh->btnh', weights.astype(value.dtype), value)
-  return out, weights
+  out, weights = heads_first_attention(
+      heads_first(query), heads_first(key), heads_first(value), mask,
+      dropout_rate=dropout_rate, dropout_rng=dropout_rng)
+  return heads_first(out), weights
+
+
+def shared_key_attention(query, key, value, mask):
+  """Attention in which each run of `group` consecutive query rows shares one
+  row of keys and values, as the beams of a sentence share its source and
+  its decoding cache; the group size is rows // batch.
+
+  Args:
+    query: [rows, t, n, h] with rows = batch * group.
+    key, value: [batch, n, s, h] (heads-first).
+    mask: bool, broadcastable to [rows, 1, t, s].
+
+  Returns:
+    ([rows, t, n, h] in query's dtype, [rows, n, t, s] float32 weights).
+  """
+  rows, length, heads, head_dim = query.shape
+  batch, _, source_length, _ = key.shape
+  group = rows // batch
+  mask = jnp.broadcast_to(mask, (rows, 1, length, source_length))
+  out, weights = heads_first_attention(
+      heads_first(query.reshape(batch, group * length, heads, head_dim)),
+      key, value, mask.reshape(batch, 1, group * length, source_length))
+  out = heads_first(out).reshape(rows, length, heads, head_dim)
+  weights = jnp.swapaxes(
+      weights.reshape(batch, heads, group, length, source_length), 1, 2)
+  return out, weights.reshape(rows, heads, length, source_length)
 
 
 def fused_attention(query, key, value, mask):
@@ -121,7 +170,16 @@ class MultiHeadAttention(nn.Module):
   In decode mode, 'causal' keeps keys and values of earlier steps in the
   'cache' collection and takes one query position per call; 'cross' computes
   the keys and values of the source once, when the cache is created, and
-  reuses them at every step.
+  reuses them at every step. Decoding takes the einsum path, without dropout.
+
+  The decoding cache serves `beams` hypotheses per sentence (1 unless a beam
+  search widens it, see `decode.repeat_cache_for_beams`); the rows of a step
+  are batch * beams, sentence-major. All hypotheses of a sentence attend to
+  one copy of its source keys/values, and to one pool of cached positions:
+  every hypothesis writes its key/value at step p into its own slot, and a
+  `history` records, for each hypothesis and position, the slot that holds
+  its key/value there. Choosing new beams then only reorders `history`, never
+  keys or values.
   """
   config: ModelConfig
   kind: str = 'self'
@@ -141,66 +199,101 @@ class MultiHeadAttention(nn.Module):
       query_inputs: [batch, t, d_model].
       kv_inputs: [batch, s, d_model]; ignored by 'cross' once its cache exists.
       mask: bool broadcastable to [batch, heads, t, s]; for 'causal' in decode
-        mode it is ignored (the cache index decides).
+        mode it is ignored (the cache decides).
 
     Returns:
       [batch, t, d_model].
     """
-    cfg = self.config
     query = self._project(query_inputs, 'query')
     if self.decode and self.kind == 'cross':
       key, value = self._cross_cache(kv_inputs)
+      out, weights = shared_key_attention(query, key, value, mask)
+    elif self.decode and self.kind == 'causal':
+      key, value, mask = self._causal_cache(self._project(kv_inputs, 'key'),
+                                            self._project(kv_inputs, 'value'))
+      out, weights = shared_key_attention(query, key, value, mask)
     else:
-      key = self._project(kv_inputs, 'key')
-      value = self._project(kv_inputs, 'value')
-    if self.decode and self.kind == 'causal':
-      key, value, mask = self._causal_cache(key, value)
+      out, weights = self._attend(query, self._project(kv_inputs, 'key'),
+                                  self._project(kv_inputs, 'value'), mask)
+    if weights is not None:
+      self.sow('intermediates', 'attention_weights', weights)
+    return MergeHeads(self.config, name='out')(out)
 
+  def _attend(self, query, key, value, mask):
+    """The configured attention path, with attention dropout when training.
+    -> (out [batch, t, n, h], weights [batch, n, t, s] or None if fused)."""
+    cfg = self.config
     dropout_rng = None
     if not self.deterministic and cfg.attention_dropout > 0:
       dropout_rng = self.make_rng('dropout')
     if cfg.attention_impl == 'fused' and dropout_rng is None:
-      out = fused_attention(query, key, value, mask)
-    else:
-      out, weights = einsum_attention(
-          query, key, value, mask, dropout_rate=cfg.attention_dropout,
-          dropout_rng=dropout_rng)
-      self.sow('intermediates', 'attention_weights', weights)
-
-    return MergeHeads(cfg, name='out')(out)
+      return fused_attention(query, key, value, mask), None
+    return einsum_attention(query, key, value, mask,
+                            dropout_rate=cfg.attention_dropout,
+                            dropout_rng=dropout_rng)
 
   def _cross_cache(self, kv_inputs):
-    """Source keys and values, projected once when the cache is created."""
-    key = self.variable('cache', 'source_key', lambda: self._project(kv_inputs, 'key'))
-    value = self.variable('cache', 'source_value',
-                          lambda: self._project(kv_inputs, 'value'))
+    """Source keys and values [batch, n, s, h], projected once when the cache
+    is created."""
+    key = self.variable('cache', 'source_key',
+                        lambda: heads_first(self._project(kv_inputs, 'key')))
+    value = self.variable(
+        'cache', 'source_value',
+        lambda: heads_first(self._project(kv_inputs, 'value')))
     return key.value, value.value
 
   def _causal_cache(self, key, value):
-    """Writes this step's key/value [batch, 1, n, h] at the cache index.
+    """Stores this step's keys/values and returns what the step attends to.
 
-    The cache is created (zeros, index 0) by a call whose inputs have the
-    maximum decode length; later calls take one position each.
+    The cache is created (zeros, index 0, one beam) by a call whose inputs
+    have the maximum decode length; later calls take one position each. It
+    holds 'cached_key' and 'cached_value' [batch, n, length * beams, h]
+    (position-major: slot j of position p at p * beams + j, so that a step
+    writes one contiguous block) and 'history' [batch, beams, length] int32
+    (see the class docstring).
+
+    Args:
+      key, value: [rows, t, n, h]: t = 1 for a step, rows = batch * beams.
+
+    Returns:
+      (keys, values [batch, n, length * beams, h], mask [rows, 1, 1,
+      length * beams]) for a step; while the cache is created, the inputs'
+      own keys/values [batch, n, length, h] and the causal mask.
     """
     ready = self.has_variable('cache', 'cached_key')
-    cached_key = self.variable('cache', 'cached_key', jnp.zeros, key.shape,
-                               key.dtype)
+    rows, length, heads, head_dim = key.shape
+    cached_key = self.variable('cache', 'cached_key', jnp.zeros,
+                               (rows, heads, length, head_dim), key.dtype)
     cached_value = self.variable('cache', 'cached_value', jnp.zeros,
-                                 value.shape, value.dtype)
+                                 (rows, heads, length, head_dim), value.dtype)
+    history = self.variable('cache', 'history', jnp.zeros, (rows, 1, length),
+                            jnp.int32)
     index = self.variable('cache', 'index', lambda: jnp.array(0, jnp.int32))
-    max_length = cached_key.value.shape[1]
     if not ready:
-      mask = attention_mask(jnp.ones(key.shape[:2], jnp.int32),
-                            jnp.ones(key.shape[:2], jnp.int32), causal=True)
-      return key, value, mask
-    if key.shape[1] != 1:
+      positions = jnp.arange(length)
+      causal = positions[None, None, None] <= positions[:, None]
+      return heads_first(key), heads_first(value), causal
+    if length != 1:
       raise ValueError(f'Cached decoding takes one position per call, got '
-                       f'{key.shape[1]}.')
+                       f'{length}.')
+    batch, beams, max_length = history.value.shape
     i = index.value
-    cached_key.value = jax.lax.dynamic_update_slice_in_dim(
-        cached_key.value, key, i, axis=1)
-    cached_value.value = jax.lax.dynamic_update_slice_in_dim(
-        cached_value.value, value, i, axis=1)
+
+    def store(cached, new):  # new: [rows, 1, n, h] -> slots of position i.
+      new = heads_first(new.reshape(batch, beams, heads, head_dim))
+      return jax.lax.dynamic_update_slice_in_dim(cached, new, i * beams,
+                                                 axis=2)
+
+    cached_key.value = store(cached_key.value, key)
+    cached_value.value = store(cached_value.value, value)
+    own_slot = jnp.broadcast_to(jnp.arange(beams)[None, :, None],
+                                (batch, beams, 1))
+    history.value = jax.lax.dynamic_update_slice_in_dim(
+        history.value, own_slot, i, axis=2)
     index.value = i + 1
-    mask = (jnp.arange(max_length) <= i)[None, None, None, :]
-    return cached_key.value, cached_value.value, mask
+    # Hypothesis q sees slot j of position p if its history says so.
+    slots = jnp.arange(beams)
+    mask = ((history.value[:, :, :, None] == slots)
+            & (jnp.arange(max_length) <= i)[:, None])  # [batch, q, p, j]
+    return (cached_key.value, cached_value.value,
+            mask.reshape(rows, 1, 1, max_length * beams))
