@@ -30,9 +30,9 @@ def random_params(model, *example_args, seed=0):
     names = [str(getattr(key, 'key', key)) for key in path]
     if names[-1] == 'scale':
       return jnp.ones(leaf.shape, leaf.dtype)
-    if names[-1] == 'kernel':
-      fan_in = (leaf.shape[0] if names[-2] in ('query', 'key', 'value')
-                else np.prod(leaf.shape[:-1]))
+    if names[-1] == 'kernel':  # Output-major: the input axes come last.
+      fan_in = np.prod(leaf.shape[-2:] if names[-2] == 'out'
+                       else leaf.shape[-1:])
       std = fan_in ** -0.5
     elif names[-1] == 'embedding':
       std = leaf.shape[-1] ** -0.5
@@ -180,7 +180,7 @@ def trap_model():
   params['target_embed']['embedding'] = jnp.eye(vocab)
   scale = 1.0 / np.sqrt(1.0 / d_model - 1.0 / d_model ** 2)  # 1 / std(onehot)
   kernel = np.log(TRAP_PROBS) / scale
-  decoder['logits'] = {'kernel': jnp.asarray(kernel, jnp.float32),
+  decoder['logits'] = {'kernel': jnp.asarray(kernel.T, jnp.float32),
                        'bias': jnp.asarray(scale / d_model * kernel.sum(0),
                                            jnp.float32)}
   return config, params
@@ -202,7 +202,7 @@ def test_beam_search_finds_what_greedy_misses():
 
 
 def test_early_exit_does_not_change_results():
-  config, params = translation_model(scan_layers=True, eos_bias=1.5)
+  config, params = translation_model(scan_layers=True, eos_bias=3.0)
   inputs = random_sources(4, 7, seed=2)
   search = functools.partial(decode.beam_search, params, config, inputs,
                              beam_size=3, max_decode_len=DECODE_LEN,
@@ -219,7 +219,7 @@ def test_early_exit_does_not_change_results():
 
 def test_results_do_not_depend_on_the_rest_of_the_batch():
   config, params = translation_model(scan_layers=True)
-  sentence = np.array([[22, 26, 2, 26, 16]], np.int32)
+  sentence = np.array([[5, 9, 14, 3, 30]], np.int32)
   # Other sentences, an all-padding row and a wider source.
   batch = random_sources(4, 7, seed=3)
   batch[1] = 0

@@ -8,6 +8,7 @@ import jax.numpy as jnp
 from flax import linen as nn
 
 from jaxformer.model.config import ModelConfig
+from jaxformer.model.layers import Linear
 
 
 def attention_mask(query_segment_ids: jax.Array, key_segment_ids: jax.Array,
@@ -119,51 +120,6 @@ def fused_attention(query, key, value, mask):
   return jax.nn.dot_product_attention(query, key, value, mask=mask)
 
 
-def _xavier(in_axis, out_axis):
-  return nn.initializers.variance_scaling(
-      1.0, 'fan_avg', 'uniform', in_axis=in_axis, out_axis=out_axis)
-
-
-class SplitHeads(nn.Module):
-  """[batch, length, d_model] -> [batch, length, heads, head_dim]."""
-  config: ModelConfig
-  use_bias: bool = True
-
-  @nn.compact
-  def __call__(self, x):
-    cfg = self.config
-    kernel = self.param(
-        'kernel', nn.with_logical_partitioning(
-            _xavier(0, (1, 2)), ('embed', 'heads', 'kv')),
-        (cfg.d_model, cfg.num_heads, cfg.head_dim), jnp.float32)
-    y = jnp.einsum('bld,dnh->blnh', x, kernel.astype(cfg.compute_dtype))
-    if self.use_bias and cfg.use_bias:
-      bias = self.param('bias', nn.with_logical_partitioning(
-          nn.initializers.zeros, ('heads', 'kv')),
-                        (cfg.num_heads, cfg.head_dim), jnp.float32)
-      y += bias.astype(cfg.compute_dtype)
-    return y
-
-
-class MergeHeads(nn.Module):
-  """[batch, length, heads, head_dim] -> [batch, length, d_model]."""
-  config: ModelConfig
-
-  @nn.compact
-  def __call__(self, x):
-    cfg = self.config
-    kernel = self.param(
-        'kernel', nn.with_logical_partitioning(
-            _xavier((0, 1), 2), ('heads', 'kv', 'embed')),
-        (cfg.num_heads, cfg.head_dim, cfg.d_model), jnp.float32)
-    y = jnp.einsum('blnh,nhd->bld', x, kernel.astype(cfg.compute_dtype))
-    if cfg.use_bias:
-      bias = self.param('bias', nn.with_logical_partitioning(
-          nn.initializers.zeros, ('embed',)), (cfg.d_model,), jnp.float32)
-      y += bias.astype(cfg.compute_dtype)
-    return y
-
-
 class MultiHeadAttention(nn.Module):
   """Multi-head attention of one kind: 'self', 'causal' (masked self) or 'cross'.
 
@@ -187,9 +143,12 @@ class MultiHeadAttention(nn.Module):
   decode: bool = False
 
   def _project(self, x, name):
+    """[batch, length, d_model] -> [batch, length, n, h]."""
+    cfg = self.config
     # A key bias adds the same q.b to every logit of a query, which softmax
     # ignores: it has no effect and zero gradient, so there is none.
-    return SplitHeads(self.config, use_bias=name != 'key', name=name)(x)
+    return Linear((cfg.num_heads, cfg.head_dim), ('heads', 'kv', 'embed'), cfg,
+                  use_bias=cfg.use_bias and name != 'key', name=name)(x)
 
   @nn.compact
   def __call__(self, query_inputs, kv_inputs, mask):
@@ -217,7 +176,9 @@ class MultiHeadAttention(nn.Module):
                                   self._project(kv_inputs, 'value'), mask)
     if weights is not None:
       self.sow('intermediates', 'attention_weights', weights)
-    return MergeHeads(self.config, name='out')(out)
+    cfg = self.config
+    return Linear((cfg.d_model,), ('embed', 'heads', 'kv'), cfg, in_ndim=2,
+                  use_bias=cfg.use_bias, name='out')(out)
 
   def _attend(self, query, key, value, mask):
     """The configured attention path, with attention dropout when training.

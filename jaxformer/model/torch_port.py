@@ -194,15 +194,16 @@ def params_from_torch_state_dict(state_dict: Mapping[str, Any],
 
   def attention(prefix):
     w, b = sd[f'{prefix}.in_proj_weight'], sd[f'{prefix}.in_proj_bias']
-    # torch: q = x @ W_q.T + b_q, with features ordered (head, head_dim).
-    params = {name: {'kernel': w[j * d:(j + 1) * d].T.reshape(d, n, h),
+    # torch: q = x @ W_q.T + b_q, with features ordered (head, head_dim);
+    # jaxformer's kernels are output-major too.
+    params = {name: {'kernel': w[j * d:(j + 1) * d].reshape(n, h, d),
                      'bias': b[j * d:(j + 1) * d].reshape(n, h)}
               for j, name in enumerate(('query', 'key', 'value'))}
     # jaxformer has no key bias: it adds q.b_k to all logits of a query,
     # which the softmax cancels, so dropping torch's changes nothing.
     del params['key']['bias']
     params['out'] = {
-        'kernel': sd[f'{prefix}.out_proj.weight'].T.reshape(n, h, d),
+        'kernel': sd[f'{prefix}.out_proj.weight'].reshape(d, n, h),
         'bias': sd[f'{prefix}.out_proj.bias']}
     return params
 
@@ -210,9 +211,9 @@ def params_from_torch_state_dict(state_dict: Mapping[str, Any],
     params = {ours: attention(f'{prefix}.{theirs}')
               for ours, theirs in attentions.items()}
     params['ffn'] = {
-        'wi': {'kernel': sd[f'{prefix}.linear1.weight'].T,
+        'wi': {'kernel': sd[f'{prefix}.linear1.weight'],
                'bias': sd[f'{prefix}.linear1.bias']},
-        'wo': {'kernel': sd[f'{prefix}.linear2.weight'].T,
+        'wo': {'kernel': sd[f'{prefix}.linear2.weight'],
                'bias': sd[f'{prefix}.linear2.bias']}}
     for ours, theirs in norms.items():
       params[ours] = {'scale': sd[f'{prefix}.{theirs}.weight'],
@@ -228,7 +229,7 @@ def params_from_torch_state_dict(state_dict: Mapping[str, Any],
 
   decoder = stack('decoder', config.num_decoder_layers, _DECODER_ATTENTION,
                   _DECODER_NORMS)
-  decoder['logits'] = {'kernel': sd['output_proj.weight'].T,
+  decoder['logits'] = {'kernel': sd['output_proj.weight'],
                        'bias': sd['output_proj.bias']}
   params = {
       'source_embed': {'embedding': sd['src_embed.weight']},

@@ -179,8 +179,8 @@ class Decoder(nn.Module):
     if cfg.norm_position == 'pre':
       x = layers.layer_norm(cfg, 'final_norm')(x)
     if cfg.share_embeddings == 'none':
-      logits = layers.dense(cfg.output_vocab_size, ('embed', 'vocab'), cfg,
-                            'logits', use_bias=True)(x)
+      logits = layers.Linear((cfg.output_vocab_size,), ('vocab', 'embed'), cfg,
+                             name='logits')(x)
     else:
       logits = self.embed.attend(x)
     return nn.with_logical_constraint(logits.astype(jnp.float32),
@@ -302,8 +302,8 @@ class EncoderClassifier(nn.Module):
     cfg = self.config
     pooled = PooledEncoder(cfg, self.deterministic, name='body')(
         inputs, inputs_segment_ids, inputs_positions)
-    logits = layers.dense(cfg.num_classes, ('embed', None), cfg, 'classifier',
-                          use_bias=True)(pooled)
+    logits = layers.Linear((cfg.num_classes,), (None, 'embed'), cfg,
+                           name='classifier')(pooled)
     return jax.nn.log_softmax(logits.astype(jnp.float32))
 
 
@@ -317,6 +317,6 @@ class EncoderRegressor(nn.Module):
     cfg = self.config
     pooled = PooledEncoder(cfg, self.deterministic, name='body')(
         inputs, inputs_segment_ids, inputs_positions)
-    values = layers.dense(cfg.regression_dim, ('embed', None), cfg,
-                          'regressor', use_bias=True)(pooled)
+    values = layers.Linear((cfg.regression_dim,), (None, 'embed'), cfg,
+                           name='regressor')(pooled)
     return values.astype(jnp.float32)

@@ -106,8 +106,9 @@ def test_multi_head_attention_maps_d_model_to_d_model():
   out, variables = MultiHeadAttention(CONFIG).init_with_output(
       jax.random.PRNGKey(1), x, x, mask)
   assert out.shape == (2, 5, 32)
-  assert variables['params']['query']['kernel'].unbox().shape == (32, 4, 8)
-  assert variables['params']['out']['kernel'].unbox().shape == (4, 8, 32)
+  # Kernels are output-major: [outputs..., inputs...].
+  assert variables['params']['query']['kernel'].unbox().shape == (4, 8, 32)
+  assert variables['params']['out']['kernel'].unbox().shape == (32, 4, 8)
 
 
 def test_attention_dropout_is_active_only_when_not_deterministic():

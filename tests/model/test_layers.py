@@ -69,8 +69,9 @@ def test_feed_forward_is_relu_between_two_affine_maps():
   ffn = FeedForward(CONFIG)
   out, variables = ffn.init_with_output(jax.random.PRNGKey(0), x)
   p = nn.unbox(variables['params'])
-  hidden = np.maximum(np.asarray(x) @ p['wi']['kernel'] + p['wi']['bias'], 0)
-  want = hidden @ p['wo']['kernel'] + p['wo']['bias']
+  hidden = np.maximum(np.asarray(x) @ p['wi']['kernel'].T + p['wi']['bias'],
+                      0)
+  want = hidden @ p['wo']['kernel'].T + p['wo']['bias']
   np.testing.assert_allclose(out, want, rtol=1e-5, atol=1e-5)
 
 

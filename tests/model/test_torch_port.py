@@ -152,8 +152,8 @@ def test_numpy_state_dict_converts_like_tensors():
   from_tensors = params_from_torch_state_dict(tensors, config)
   jax.tree.map(np.testing.assert_array_equal, from_arrays, from_tensors)
   attention = from_arrays['encoder']['layer_0']['self_attention']
-  assert attention['key']['kernel'].shape == (D_MODEL, HEADS, D_MODEL // HEADS)
-  assert attention['out']['kernel'].shape == (HEADS, D_MODEL // HEADS, D_MODEL)
+  assert attention['key']['kernel'].shape == (HEADS, D_MODEL // HEADS, D_MODEL)
+  assert attention['out']['kernel'].shape == (D_MODEL, HEADS, D_MODEL // HEADS)
 
 
 def test_missing_and_unexpected_keys_are_named():

@@ -66,7 +66,7 @@ def test_separate_target_vocabulary():
   config = TINY.replace(target_vocab_size=30, share_embeddings='none')
   model = EncoderDecoder(config)
   params = init(model, INPUTS, TARGETS)
-  assert params['decoder']['logits']['kernel'].shape == (32, 30)
+  assert params['decoder']['logits']['kernel'].shape == (30, 32)
   assert params['target_embed']['embedding'].shape == (30, 32)
   assert model.apply({'params': params}, INPUTS, TARGETS).shape == (2, 7, 30)
 
@@ -384,7 +384,7 @@ def test_scanned_parameters_have_a_layers_axis():
       lambda: EncoderDecoder(config).init(KEY, INPUTS, TARGETS))
   spec = nn.get_partition_spec(variables['params'])
   kernel = spec['encoder']['layers']['self_attention']['query']['kernel']
-  assert tuple(kernel) == ('layers', 'embed', 'heads', 'kv')
+  assert tuple(kernel) == ('layers', 'heads', 'kv', 'embed')
 
 
 def test_bfloat16_computes_in_bfloat16_with_float32_params_and_logits():
