@@ -101,10 +101,7 @@ def repeat_cache_for_beams(cache, beam_size: int):
   beam, length] (a leading layers axis with scanned layers). Source
   keys/values stay one copy per sentence."""
   def repeat(path, leaf):
-    name = _leaf_name(path)
-    if name in ('cached_key', 'cached_value'):
-      return jnp.repeat(leaf, beam_size, axis=-2)
-    if name == 'history':
+    if _leaf_name(path) in ('cached_key', 'cached_value', 'history'):
       return jnp.repeat(leaf, beam_size, axis=-2)
     return leaf
   return jax.tree_util.tree_map_with_path(repeat, cache)

@@ -163,6 +163,7 @@ class MultiHeadAttention(nn.Module):
     Returns:
       [batch, t, d_model].
     """
+    cfg = self.config
     query = self._project(query_inputs, 'query')
     if self.decode and self.kind == 'cross':
       key, value = self._cross_cache(kv_inputs)
@@ -176,7 +177,6 @@ class MultiHeadAttention(nn.Module):
                                   self._project(kv_inputs, 'value'), mask)
     if weights is not None:
       self.sow('intermediates', 'attention_weights', weights)
-    cfg = self.config
     return Linear((cfg.d_model,), ('embed', 'heads', 'kv'), cfg, in_ndim=2,
                   use_bias=cfg.use_bias, name='out')(out)
 
