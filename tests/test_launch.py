@@ -63,7 +63,10 @@ for task in range(int(options['ntasks'])):
 '''
 
 JAXFORMER = '''
-print('hello from', os.environ['JAX_PROCESS_ID'], flush=True)
+# One write per line: under PYTHONUNBUFFERED, print() writes each piece
+# separately and the concurrent processes' pieces would interleave.
+sys.stdout.write(f"hello from {os.environ['JAX_PROCESS_ID']}\\n")
+sys.stdout.flush()
 sys.exit(int(os.environ.get('FAKE_FAIL_' + os.environ['JAX_PROCESS_ID'], 0)))
 '''
 
