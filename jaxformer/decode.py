@@ -94,16 +94,20 @@ def _leaf_name(path) -> str:
   return str(getattr(path[-1], 'key', path[-1]))
 
 
+# The slot axis of each widened cache leaf (see MultiHeadAttention).
+_BEAM_SLOT_AXES = {'cached_key': -1, 'cached_value': -2, 'history': -2}
+
+
 def repeat_cache_for_beams(cache, beam_size: int):
   """Widens a one-beam cache to `beam_size` hypotheses per sentence: cached
-  self-attention keys/values [..., batch, n, length, h] -> [..., batch, n,
+  self-attention keys [..., batch, n, h, length] -> [..., batch, n, h,
+  length * beam], values [..., batch, n, length, h] -> [..., batch, n,
   length * beam, h] and their history [..., batch, 1, length] -> [..., batch,
   beam, length] (a leading layers axis with scanned layers). Source
   keys/values stay one copy per sentence."""
   def repeat(path, leaf):
-    if _leaf_name(path) in ('cached_key', 'cached_value', 'history'):
-      return jnp.repeat(leaf, beam_size, axis=-2)
-    return leaf
+    axis = _BEAM_SLOT_AXES.get(_leaf_name(path))
+    return leaf if axis is None else jnp.repeat(leaf, beam_size, axis=axis)
   return jax.tree_util.tree_map_with_path(repeat, cache)
 
 

@@ -40,20 +40,25 @@ def _masked_value(dtype) -> float:
 
 
 def heads_first_attention(query, key, value, mask, *,
-                          dropout_rate: float = 0.0, dropout_rng=None):
+                          key_layout: str = 'bnsh', dropout_rate: float = 0.0,
+                          dropout_rng=None):
   """Scaled dot-product attention on heads-first arrays, written out with
-  einsums (the layout of the decoding cache).
+  einsums.
 
   Args:
-    query: [batch, n, t, h]; key, value: [batch, n, s, h].
+    query: [batch, n, t, h]; value: [batch, n, s, h].
+    key: [batch, n, s, h], or [batch, n, h, s] with key_layout='bnhs' (the
+      decoding cache: transposed keys make the logits a plain matmul, which
+      XLA's CPU matmul runs without first transposing the whole cache).
     mask: bool, broadcastable to [batch, n, t, s].
 
   Returns:
     ([batch, n, t, h] in query's dtype, [batch, n, t, s] float32 weights).
   """
   scale = query.shape[-1] ** -0.5
-  logits = jnp.einsum('bnth,bnsh->bnts', query * jnp.asarray(scale, query.dtype),
-                      key, preferred_element_type=jnp.float32)
+  logits = jnp.einsum(f'bnth,{key_layout}->bnts',
+                      query * jnp.asarray(scale, query.dtype), key,
+                      preferred_element_type=jnp.float32)
   logits = jnp.where(mask, logits, _masked_value(jnp.float32))
   weights = jax.nn.softmax(logits, axis=-1)
   if dropout_rate > 0.0 and dropout_rng is not None:
@@ -66,6 +71,11 @@ def heads_first_attention(query, key, value, mask, *,
 def heads_first(x: jax.Array) -> jax.Array:
   """[batch, length, n, h] <-> [batch, n, length, h]."""
   return jnp.swapaxes(x, 1, 2)
+
+
+def transposed_keys(key: jax.Array) -> jax.Array:
+  """[batch, s, n, h] -> [batch, n, h, s]."""
+  return jnp.transpose(key, (0, 2, 3, 1))
 
 
 def einsum_attention(query, key, value, mask, *, dropout_rate: float = 0.0,
@@ -85,30 +95,59 @@ def einsum_attention(query, key, value, mask, *, dropout_rate: float = 0.0,
   return heads_first(out), weights
 
 
-def shared_key_attention(query, key, value, mask):
+def shared_key_attention(query, key_t, value, mask):
   """Attention in which each run of `group` consecutive query rows shares one
   row of keys and values, as the beams of a sentence share its source and
   its decoding cache; the group size is rows // batch.
 
   Args:
     query: [rows, t, n, h] with rows = batch * group.
-    key, value: [batch, n, s, h] (heads-first).
+    key_t: [batch, n, h, s] (transposed keys); value: [batch, n, s, h].
     mask: bool, broadcastable to [rows, 1, t, s].
 
   Returns:
     ([rows, t, n, h] in query's dtype, [rows, n, t, s] float32 weights).
   """
   rows, length, heads, head_dim = query.shape
-  batch, _, source_length, _ = key.shape
+  batch, _, _, source_length = key_t.shape
   group = rows // batch
   mask = jnp.broadcast_to(mask, (rows, 1, length, source_length))
   out, weights = heads_first_attention(
       heads_first(query.reshape(batch, group * length, heads, head_dim)),
-      key, value, mask.reshape(batch, 1, group * length, source_length))
+      key_t, value, mask.reshape(batch, 1, group * length, source_length),
+      key_layout='bnhs')
   out = heads_first(out).reshape(rows, length, heads, head_dim)
   weights = jnp.swapaxes(
       weights.reshape(batch, heads, group, length, source_length), 1, 2)
   return out, weights.reshape(rows, heads, length, source_length)
+
+
+def prefix_attention(query, key_t, value, mask, filled, buckets: int = 4):
+  """`shared_key_attention` over the first `filled` cache slots only, rounded
+  up to one of `buckets` static lengths (one `lax.switch` branch each): a
+  decoding step then reads on average little more than half of the cache.
+
+  Args:
+    query, key_t, value, mask: as in `shared_key_attention`; slots at or
+      beyond `filled` must be masked out.
+    filled: [] int, 1 <= filled <= s.
+
+  Returns:
+    as `shared_key_attention`; the weights are zero beyond the bucket.
+  """
+  slots = value.shape[2]
+  sizes = sorted({-(-slots * (j + 1) // buckets) for j in range(buckets)})
+
+  def attend(size):
+    def branch(query, key_t, value, mask):
+      out, weights = shared_key_attention(
+          query, key_t[..., :size], value[:, :, :size], mask[..., :size])
+      return out, jnp.pad(weights, [(0, 0)] * 3 + [(0, slots - size)])
+    return branch
+
+  bucket = jnp.searchsorted(jnp.asarray(sizes), filled)
+  return jax.lax.switch(bucket, [attend(size) for size in sizes],
+                        query, key_t, value, mask)
 
 
 def fused_attention(query, key, value, mask):
@@ -166,12 +205,15 @@ class MultiHeadAttention(nn.Module):
     cfg = self.config
     query = self._project(query_inputs, 'query')
     if self.decode and self.kind == 'cross':
-      key, value = self._cross_cache(kv_inputs)
-      out, weights = shared_key_attention(query, key, value, mask)
+      key_t, value = self._cross_cache(kv_inputs)
+      out, weights = shared_key_attention(query, key_t, value, mask)
     elif self.decode and self.kind == 'causal':
-      key, value, mask = self._causal_cache(self._project(kv_inputs, 'key'),
-                                            self._project(kv_inputs, 'value'))
-      out, weights = shared_key_attention(query, key, value, mask)
+      key_t, value, mask, filled = self._causal_cache(
+          self._project(kv_inputs, 'key'), self._project(kv_inputs, 'value'))
+      if filled is None:
+        out, weights = shared_key_attention(query, key_t, value, mask)
+      else:
+        out, weights = prefix_attention(query, key_t, value, mask, filled)
     else:
       out, weights = self._attend(query, self._project(kv_inputs, 'key'),
                                   self._project(kv_inputs, 'value'), mask)
@@ -194,10 +236,10 @@ class MultiHeadAttention(nn.Module):
                             dropout_rng=dropout_rng)
 
   def _cross_cache(self, kv_inputs):
-    """Source keys and values [batch, n, s, h], projected once when the cache
-    is created."""
+    """Source keys [batch, n, h, s] (transposed) and values [batch, n, s, h],
+    projected once when the cache is created."""
     key = self.variable('cache', 'source_key',
-                        lambda: heads_first(self._project(kv_inputs, 'key')))
+                        lambda: transposed_keys(self._project(kv_inputs, 'key')))
     value = self.variable(
         'cache', 'source_value',
         lambda: heads_first(self._project(kv_inputs, 'value')))
@@ -208,23 +250,25 @@ class MultiHeadAttention(nn.Module):
 
     The cache is created (zeros, index 0, one beam) by a call whose inputs
     have the maximum decode length; later calls take one position each. It
-    holds 'cached_key' and 'cached_value' [batch, n, length * beams, h]
-    (position-major: slot j of position p at p * beams + j, so that a step
-    writes one contiguous block) and 'history' [batch, beams, length] int32
-    (see the class docstring).
+    holds 'cached_key' [batch, n, h, length * beams] (transposed) and
+    'cached_value' [batch, n, length * beams, h] (position-major: slot j of
+    position p at p * beams + j, so that a step writes one contiguous block
+    and the slots filled so far are a prefix) and 'history' [batch, beams,
+    length] int32 (see the class docstring).
 
     Args:
       key, value: [rows, t, n, h]: t = 1 for a step, rows = batch * beams.
 
     Returns:
-      (keys, values [batch, n, length * beams, h], mask [rows, 1, 1,
-      length * beams]) for a step; while the cache is created, the inputs'
-      own keys/values [batch, n, length, h] and the causal mask.
+      (keys [batch, n, h, length * beams], values [batch, n, length * beams,
+      h], mask [rows, 1, 1, length * beams], number of filled slots) for a
+      step; while the cache is created, the inputs' own keys [batch, n, h,
+      length] and values [batch, n, length, h], the causal mask and None.
     """
     ready = self.has_variable('cache', 'cached_key')
     rows, length, heads, head_dim = key.shape
     cached_key = self.variable('cache', 'cached_key', jnp.zeros,
-                               (rows, heads, length, head_dim), key.dtype)
+                               (rows, heads, head_dim, length), key.dtype)
     cached_value = self.variable('cache', 'cached_value', jnp.zeros,
                                  (rows, heads, length, head_dim), value.dtype)
     history = self.variable('cache', 'history', jnp.zeros, (rows, 1, length),
@@ -233,20 +277,22 @@ class MultiHeadAttention(nn.Module):
     if not ready:
       positions = jnp.arange(length)
       causal = positions[None, None, None] <= positions[:, None]
-      return heads_first(key), heads_first(value), causal
+      return transposed_keys(key), heads_first(value), causal, None
     if length != 1:
       raise ValueError(f'Cached decoding takes one position per call, got '
                        f'{length}.')
     batch, beams, max_length = history.value.shape
     i = index.value
 
-    def store(cached, new):  # new: [rows, 1, n, h] -> slots of position i.
-      new = heads_first(new.reshape(batch, beams, heads, head_dim))
-      return jax.lax.dynamic_update_slice_in_dim(cached, new, i * beams,
-                                                 axis=2)
+    def store(cached, new, axis):  # new [rows, 1, n, h]: position i's slots.
+      return jax.lax.dynamic_update_slice_in_dim(cached, new, i * beams, axis)
 
-    cached_key.value = store(cached_key.value, key)
-    cached_value.value = store(cached_value.value, value)
+    cached_key.value = store(
+        cached_key.value,
+        transposed_keys(key.reshape(batch, beams, heads, head_dim)), axis=3)
+    cached_value.value = store(
+        cached_value.value,
+        heads_first(value.reshape(batch, beams, heads, head_dim)), axis=2)
     own_slot = jnp.broadcast_to(jnp.arange(beams)[None, :, None],
                                 (batch, beams, 1))
     history.value = jax.lax.dynamic_update_slice_in_dim(
@@ -257,4 +303,4 @@ class MultiHeadAttention(nn.Module):
     mask = ((history.value[:, :, :, None] == slots)
             & (jnp.arange(max_length) <= i)[:, None])  # [batch, q, p, j]
     return (cached_key.value, cached_value.value,
-            mask.reshape(rows, 1, 1, max_length * beams))
+            mask.reshape(rows, 1, 1, max_length * beams), (i + 1) * beams)

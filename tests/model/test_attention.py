@@ -6,7 +6,9 @@ import pytest
 
 from jaxformer.model import ModelConfig
 from jaxformer.model.attention import (MultiHeadAttention, attention_mask,
-                                       einsum_attention, fused_attention)
+                                       einsum_attention, fused_attention,
+                                       heads_first, prefix_attention,
+                                       shared_key_attention, transposed_keys)
 
 CONFIG = ModelConfig(vocab_size=50, d_model=32, num_heads=4, d_ff=64,
                      attention_dropout=0.0)
@@ -76,6 +78,35 @@ def test_fully_masked_padding_query_gives_finite_output():
   mask = attention_mask(segments, segments, causal=False)
   assert np.isfinite(einsum_attention(q, k, v, mask)[0]).all()
   assert np.isfinite(fused_attention(q, k, v, mask)).all()
+
+
+def test_shared_key_attention_gives_each_beam_its_sentences_keys():
+  # 2 sentences x 3 beams: rows 0-2 attend to sentence 0's keys, 3-5 to 1's.
+  q, k, v = random_qkv(t=1, s=6)
+  query = jnp.repeat(q, 3, axis=0) * jnp.arange(1.0, 7.0)[:, None, None, None]
+  mask = jnp.ones((6, 1, 1, 6), bool).at[1, ..., 4:].set(False)
+  out, weights = shared_key_attention(query, transposed_keys(k), heads_first(v),
+                                      mask)
+  assert out.shape == (6, 1, 4, 8) and weights.shape == (6, 4, 1, 6)
+  for row in range(6):
+    sentence = row // 3
+    np.testing.assert_allclose(
+        out[row], reference_attention(query[row:row + 1], k[sentence:sentence + 1],
+                                      v[sentence:sentence + 1], mask[row])[0],
+        atol=1e-5)
+
+
+@pytest.mark.parametrize('filled', [1, 3, 4, 7, 10])
+def test_prefix_attention_equals_attention_over_the_whole_cache(filled):
+  q, k, v = random_qkv(t=1, s=10)
+  query = jnp.repeat(q, 2, axis=0)
+  mask = jnp.broadcast_to(jnp.arange(10) < filled, (4, 1, 1, 10))
+  key_t, value = transposed_keys(k), heads_first(v)
+  expected = shared_key_attention(query, key_t, value, mask)
+  got = jax.jit(prefix_attention, static_argnames='buckets')(
+      query, key_t, value, mask, filled, buckets=4)
+  np.testing.assert_allclose(got[0], expected[0], atol=1e-6)
+  np.testing.assert_allclose(got[1], expected[1], atol=1e-6)
 
 
 @pytest.mark.parametrize('causal', [False, True])
