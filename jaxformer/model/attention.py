@@ -284,7 +284,7 @@ class MultiHeadAttention(nn.Module):
     batch, beams, max_length = history.value.shape
     i = index.value
 
-    def store(cached, new, axis):  # new [rows, 1, n, h]: position i's slots.
+    def store(cached, new, axis):  # new: position i's `beams` slots on axis.
       return jax.lax.dynamic_update_slice_in_dim(cached, new, i * beams, axis)
 
     cached_key.value = store(
