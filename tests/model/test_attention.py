@@ -89,11 +89,10 @@ def test_shared_key_attention_gives_each_beam_its_sentences_keys():
                                       mask)
   assert out.shape == (6, 1, 4, 8) and weights.shape == (6, 4, 1, 6)
   for row in range(6):
-    sentence = row // 3
-    np.testing.assert_allclose(
-        out[row], reference_attention(query[row:row + 1], k[sentence:sentence + 1],
-                                      v[sentence:sentence + 1], mask[row])[0],
-        atol=1e-5)
+    one = slice(row // 3, row // 3 + 1)  # the row's sentence
+    expected = reference_attention(query[row:row + 1], k[one], v[one],
+                                   mask[row])
+    np.testing.assert_allclose(out[row], expected[0], atol=1e-5)
 
 
 @pytest.mark.parametrize('filled', [1, 3, 4, 7, 10])
