@@ -27,6 +27,28 @@ def sinusoidal_positions(max_len: int, d_model: int) -> np.ndarray:
   return table.astype(np.float32)
 
 
+FEW_ROWS = 64
+
+
+def matmul_by_transposed(x: jax.Array, kernel: jax.Array,
+                         preferred_element_type=None) -> jax.Array:
+  """x kernel^T: [..., in] x [out, in] -> [..., out].
+
+  On CPU with few rows (a decoding step), computed as (kernel x^T)^T: XLA's
+  CPU matmul copies and transposes its right-hand operand at every call,
+  which for a weight matrix costs more than the product itself. The barriers
+  keep XLA from folding the transposes back into the usual form.
+  """
+  rows = int(np.prod(x.shape[:-1]))
+  if rows > FEW_ROWS or jax.default_backend() != 'cpu':
+    return jnp.einsum('...i,oi->...o', x, kernel,
+                      preferred_element_type=preferred_element_type)
+  x_t = jax.lax.optimization_barrier(x.reshape(rows, -1).T)
+  y_t = jax.lax.optimization_barrier(jnp.einsum(
+      'oi,ir->or', kernel, x_t, preferred_element_type=preferred_element_type))
+  return y_t.T.reshape(*x.shape[:-1], -1)
+
+
 class Embed(nn.Module):
   """Token embedding, scaled by sqrt(d_model); `attend` reuses the table as
   the output projection (tied embeddings)."""
@@ -50,8 +72,7 @@ class Embed(nn.Module):
   def attend(self, x: jax.Array) -> jax.Array:
     """[batch, length, d_model] -> [batch, length, vocab] float32 logits."""
     table = jnp.asarray(self.table, self.config.compute_dtype)
-    return jnp.einsum('bld,vd->blv', x, table,
-                      preferred_element_type=jnp.float32)
+    return matmul_by_transposed(x, table, preferred_element_type=jnp.float32)
 
 
 class AddPositions(nn.Module):
@@ -78,9 +99,7 @@ class Linear(nn.Module):
 
   The kernel is stored output-major, [*features, *in_features] (as in
   torch), and applied as one 2-D matmul, so a kernel with several output
-  axes is never transposed at run time. (In a decoding step on CPU, an
-  input-major kernel measured no faster: XLA's CPU matmul packs either
-  layout at every call.)
+  axes is never transposed at run time.
   """
   features: tuple[int, ...]
   axes: tuple[str | None, ...]  # Logical axes of the kernel: outputs, inputs.
@@ -102,9 +121,8 @@ class Linear(nn.Module):
                 out_axis=tuple(range(outputs))), self.axes),
         (*self.features, *in_features), jnp.float32)
     kernel = kernel.reshape(int(np.prod(self.features)), -1)
-    y = jnp.einsum('...i,oi->...o',
-                   x.reshape(*leading, -1).astype(cfg.compute_dtype),
-                   kernel.astype(cfg.compute_dtype))
+    y = matmul_by_transposed(x.reshape(*leading, -1).astype(cfg.compute_dtype),
+                             kernel.astype(cfg.compute_dtype))
     y = y.reshape(*leading, *self.features)
     if self.use_bias:
       bias = self.param('bias', nn.with_logical_partitioning(

@@ -7,7 +7,8 @@ import numpy as np
 from flax import linen as nn
 
 from jaxformer.model import ModelConfig
-from jaxformer.model.layers import (AddPositions, Embed, FeedForward,
+from jaxformer.model.layers import (FEW_ROWS, AddPositions, Embed,
+                                    FeedForward, matmul_by_transposed,
                                     sinusoidal_positions)
 
 CONFIG = ModelConfig(vocab_size=50, d_model=32, num_heads=4, d_ff=64,
@@ -62,6 +63,24 @@ def test_embedding_is_scaled_by_sqrt_d_model_and_attend_uses_the_table():
   assert logits.shape == (1, 3, 50) and logits.dtype == jnp.float32
   want = np.asarray(out[0]) @ np.asarray(table).T
   np.testing.assert_allclose(logits[0], want, rtol=1e-5, atol=1e-5)
+
+
+def test_matmul_by_transposed_is_x_times_kernel_transposed_for_any_rows():
+  kernel = jax.random.normal(jax.random.PRNGKey(0), (6, 5))
+  for shape in [(3, 5), (2, 4, 5), (FEW_ROWS + 1, 5)]:  # Both paths.
+    x = jax.random.normal(jax.random.PRNGKey(1), shape)
+    np.testing.assert_allclose(
+        jax.jit(matmul_by_transposed)(x, kernel),
+        np.asarray(x) @ np.asarray(kernel).T, rtol=1e-5, atol=1e-5)
+    grad_x, grad_kernel = jax.grad(
+        lambda x, k: matmul_by_transposed(x, k).sum(), argnums=(0, 1))(
+            x, kernel)
+    np.testing.assert_allclose(
+        grad_x, np.broadcast_to(np.asarray(kernel).sum(0), shape), rtol=1e-5)
+    np.testing.assert_allclose(
+        grad_kernel,
+        np.broadcast_to(np.asarray(x).reshape(-1, 5).sum(0), (6, 5)),
+        rtol=1e-5, atol=1e-5)
 
 
 def test_feed_forward_is_relu_between_two_affine_maps():
