@@ -201,6 +201,19 @@ def test_beam_search_finds_what_greedy_misses():
       scores[0], np.log([0.4 * 0.93, 0.5 * 0.3]) / penalty, rtol=1e-4)
 
 
+# Whole blocks, a part block, too few values for blocks.
+@pytest.mark.parametrize('n', [1000, 1003, 100])
+def test_blocked_top_k_equals_lax_top_k_including_ties(n):
+  rng = np.random.default_rng(0)
+  ties = np.round(rng.normal(size=(3, n)) * 3)
+  ties[1, 500:] = -np.inf
+  for values in [rng.normal(size=(3, n)), ties]:
+    want = jax.lax.top_k(values, 8)
+    got = decode.blocked_top_k(jnp.asarray(values), 8)
+    np.testing.assert_array_equal(got[0], want[0])
+    np.testing.assert_array_equal(got[1], want[1])
+
+
 def test_early_exit_does_not_change_results():
   config, params = translation_model(scan_layers=True, eos_bias=3.0)
   inputs = random_sources(4, 7, seed=2)
