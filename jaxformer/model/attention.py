@@ -8,7 +8,7 @@ import jax.numpy as jnp
 from flax import linen as nn
 
 from jaxformer.model.config import ModelConfig
-from jaxformer.model.layers import Linear
+from jaxformer.model.layers import Linear, apply_linears
 
 
 def attention_mask(query_segment_ids: jax.Array, key_segment_ids: jax.Array,
@@ -181,13 +181,16 @@ class MultiHeadAttention(nn.Module):
   deterministic: bool = True
   decode: bool = False
 
-  def _project(self, x, name):
-    """[batch, length, d_model] -> [batch, length, n, h]."""
+  def _project(self, x, names):
+    """[batch, length, d_model] -> [batch, length, n, h] for each projection
+    in `names`, computed together."""
     cfg = self.config
     # A key bias adds the same q.b to every logit of a query, which softmax
     # ignores: it has no effect and zero gradient, so there is none.
-    return Linear((cfg.num_heads, cfg.head_dim), ('heads', 'kv', 'embed'), cfg,
-                  use_bias=cfg.use_bias and name != 'key', name=name)(x)
+    return apply_linears(x, [
+        Linear((cfg.num_heads, cfg.head_dim), ('heads', 'kv', 'embed'), cfg,
+               use_bias=cfg.use_bias and name != 'key', name=name)
+        for name in names])
 
   @nn.compact
   def __call__(self, query_inputs, kv_inputs, mask):
@@ -195,7 +198,8 @@ class MultiHeadAttention(nn.Module):
 
     Args:
       query_inputs: [batch, t, d_model].
-      kv_inputs: [batch, s, d_model]; ignored by 'cross' once its cache exists.
+      kv_inputs: [batch, s, d_model]; ignored by 'cross' once its cache exists;
+        for 'self' and 'causal', query_inputs itself.
       mask: bool broadcastable to [batch, heads, t, s]; for 'causal' in decode
         mode it is ignored (the cache decides).
 
@@ -203,20 +207,28 @@ class MultiHeadAttention(nn.Module):
       [batch, t, d_model].
     """
     cfg = self.config
-    query = self._project(query_inputs, 'query')
-    if self.decode and self.kind == 'cross':
-      key_t, value = self._cross_cache(kv_inputs)
-      out, weights = shared_key_attention(query, key_t, value, mask)
-    elif self.decode and self.kind == 'causal':
-      key_t, value, mask, filled = self._causal_cache(
-          self._project(kv_inputs, 'key'), self._project(kv_inputs, 'value'))
-      if filled is None:
+    if self.kind == 'cross':
+      query, = self._project(query_inputs, ['query'])
+      if self.decode:
+        key_t, value = self._cross_cache(kv_inputs)
         out, weights = shared_key_attention(query, key_t, value, mask)
       else:
-        out, weights = prefix_attention(query, key_t, value, mask, filled)
+        key, value = self._project(kv_inputs, ['key', 'value'])
+        out, weights = self._attend(query, key, value, mask)
     else:
-      out, weights = self._attend(query, self._project(kv_inputs, 'key'),
-                                  self._project(kv_inputs, 'value'), mask)
+      if kv_inputs is not query_inputs:
+        raise ValueError(f"'{self.kind}' attention attends from its inputs to "
+                         'themselves: pass the same array twice.')
+      query, key, value = self._project(query_inputs,
+                                        ['query', 'key', 'value'])
+      if self.decode and self.kind == 'causal':
+        key_t, value, mask, filled = self._causal_cache(key, value)
+        if filled is None:
+          out, weights = shared_key_attention(query, key_t, value, mask)
+        else:
+          out, weights = prefix_attention(query, key_t, value, mask, filled)
+      else:
+        out, weights = self._attend(query, key, value, mask)
     if weights is not None:
       self.sow('intermediates', 'attention_weights', weights)
     return Linear((cfg.d_model,), ('embed', 'heads', 'kv'), cfg, in_ndim=2,
@@ -238,12 +250,12 @@ class MultiHeadAttention(nn.Module):
   def _cross_cache(self, kv_inputs):
     """Source keys [batch, n, h, s] (transposed) and values [batch, n, s, h],
     projected once when the cache is created."""
-    key = self.variable('cache', 'source_key',
-                        lambda: transposed_keys(self._project(kv_inputs, 'key')))
-    value = self.variable(
-        'cache', 'source_value',
-        lambda: heads_first(self._project(kv_inputs, 'value')))
-    return key.value, value.value
+    if not self.has_variable('cache', 'source_key'):
+      key, value = self._project(kv_inputs, ['key', 'value'])
+      self.put_variable('cache', 'source_key', transposed_keys(key))
+      self.put_variable('cache', 'source_value', heads_first(value))
+    return (self.get_variable('cache', 'source_key'),
+            self.get_variable('cache', 'source_value'))
 
   def _causal_cache(self, key, value):
     """Stores this step's keys/values and returns what the step attends to.

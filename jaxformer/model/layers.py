@@ -32,23 +32,32 @@ def sinusoidal_positions(max_len: int, d_model: int) -> np.ndarray:
 FEW_ROWS = 64
 
 
-def matmul_by_transposed(x: jax.Array, kernel: jax.Array,
-                         preferred_element_type=None) -> jax.Array:
-  """x kernel^T: [..., in] x [out, in] -> [..., out].
+def matmuls_by_transposed(x: jax.Array, kernels, preferred_element_type=None
+                          ) -> list[jax.Array]:
+  """x kernel^T for each kernel: [..., in] x [out_k, in] -> [..., out_k].
 
-  On CPU with few rows (a decoding step), computed as (kernel x^T)^T: XLA's
-  CPU matmul copies and transposes its right-hand operand at every call,
-  which for a weight matrix costs more than the product itself. The barriers
-  keep XLA from folding the transposes back into the usual form.
+  On CPU with few rows (a decoding step), computed as one product (K x^T)^T,
+  K the kernels stacked: XLA's CPU matmul copies and transposes its
+  right-hand operand at every call, which for weights costs more than the
+  product itself, and one product streams the weights from memory faster
+  than several small ones. The barriers keep XLA from folding the transposes
+  back into the usual form; inside a decoding loop, XLA stacks the kernels
+  once, before the loop.
   """
-  rows = int(np.prod(x.shape[:-1]))
+  leading, features = x.shape[:-1], x.shape[-1]
+  rows = int(np.prod(leading))
   if rows > FEW_ROWS or jax.default_backend() != 'cpu':
-    return jnp.einsum('...i,oi->...o', x, kernel,
-                      preferred_element_type=preferred_element_type)
-  x_t = jax.lax.optimization_barrier(x.reshape(rows, x.shape[-1]).T)
-  y_t = jax.lax.optimization_barrier(jnp.einsum(
-      'oi,ir->or', kernel, x_t, preferred_element_type=preferred_element_type))
-  return y_t.T.reshape(*x.shape[:-1], kernel.shape[0])
+    return [jnp.einsum('...i,oi->...o', x, kernel,
+                       preferred_element_type=preferred_element_type)
+            for kernel in kernels]
+  stacked = kernels[0] if len(kernels) == 1 else jnp.concatenate(kernels)
+  x_t = jax.lax.optimization_barrier(x.reshape(rows, features).T)
+  y = jax.lax.optimization_barrier(jnp.einsum(
+      'oi,ir->or', stacked, x_t,
+      preferred_element_type=preferred_element_type)).T
+  ends = np.cumsum([kernel.shape[0] for kernel in kernels])
+  return [y[:, end - kernel.shape[0]:end].reshape(*leading, kernel.shape[0])
+          for kernel, end in zip(kernels, ends)]
 
 
 class Embed(nn.Module):
@@ -74,7 +83,8 @@ class Embed(nn.Module):
   def attend(self, x: jax.Array) -> jax.Array:
     """[batch, length, d_model] -> [batch, length, vocab] float32 logits."""
     table = jnp.asarray(self.table, self.config.compute_dtype)
-    return matmul_by_transposed(x, table, preferred_element_type=jnp.float32)
+    return matmuls_by_transposed(x, [table],
+                                 preferred_element_type=jnp.float32)[0]
 
 
 class AddPositions(nn.Module):
@@ -101,7 +111,8 @@ class Linear(nn.Module):
 
   The kernel is stored output-major, [*features, *in_features] (as in
   torch), and applied as one 2-D matmul, so a kernel with several output
-  axes is never transposed at run time.
+  axes is never transposed at run time. Layers that read the same input can
+  be applied together, with `apply_linears`.
   """
   features: tuple[int, ...]
   axes: tuple[str | None, ...]  # Logical axes of the kernel: outputs, inputs.
@@ -110,11 +121,11 @@ class Linear(nn.Module):
   use_bias: bool = True
 
   @nn.compact
-  def __call__(self, x: jax.Array) -> jax.Array:
-    """[..., *in_features] -> [..., *features] in the compute dtype."""
+  def weights(self, in_features: tuple[int, ...]):
+    """The kernel as a [prod(features), prod(in_features)] matrix and the
+    bias [*features] (None without one), in the compute dtype."""
     cfg = self.config
     outputs = len(self.features)
-    leading, in_features = x.shape[:-self.in_ndim], x.shape[-self.in_ndim:]
     kernel = self.param(
         'kernel', nn.with_logical_partitioning(
             nn.initializers.variance_scaling(
@@ -123,15 +134,33 @@ class Linear(nn.Module):
                 out_axis=tuple(range(outputs))), self.axes),
         (*self.features, *in_features), jnp.float32)
     kernel = kernel.reshape(int(np.prod(self.features)), -1)
-    y = matmul_by_transposed(x.reshape(*leading, -1).astype(cfg.compute_dtype),
-                             kernel.astype(cfg.compute_dtype))
-    y = y.reshape(*leading, *self.features)
+    bias = None
     if self.use_bias:
       bias = self.param('bias', nn.with_logical_partitioning(
           nn.initializers.zeros, self.axes[:outputs]), self.features,
-                        jnp.float32)
-      y += bias.astype(cfg.compute_dtype)
-    return y
+                        jnp.float32).astype(cfg.compute_dtype)
+    return kernel.astype(cfg.compute_dtype), bias
+
+  def __call__(self, x: jax.Array) -> jax.Array:
+    """[..., *in_features] -> [..., *features] in the compute dtype."""
+    return apply_linears(x, [self])[0]
+
+
+def apply_linears(x: jax.Array, linears) -> list[jax.Array]:
+  """Linear layers of one `in_ndim` applied to the same x, as one matrix
+  product where that is faster (`matmuls_by_transposed`):
+  [..., *in_features] -> [..., *features] for each layer."""
+  in_ndim = linears[0].in_ndim
+  leading, in_features = x.shape[:-in_ndim], x.shape[-in_ndim:]
+  weights = [linear.weights(in_features) for linear in linears]
+  products = matmuls_by_transposed(
+      x.reshape(*leading, -1).astype(linears[0].config.compute_dtype),
+      [kernel for kernel, _ in weights])
+  outputs = []
+  for linear, y, (_, bias) in zip(linears, products, weights):
+    y = y.reshape(*leading, *linear.features)
+    outputs.append(y if bias is None else y + bias)
+  return outputs
 
 
 class FeedForward(nn.Module):

@@ -8,7 +8,8 @@ from flax import linen as nn
 
 from jaxformer.model import ModelConfig
 from jaxformer.model.layers import (FEW_ROWS, AddPositions, Embed,
-                                    FeedForward, matmul_by_transposed,
+                                    FeedForward, Linear, apply_linears,
+                                    matmuls_by_transposed,
                                     sinusoidal_positions)
 
 CONFIG = ModelConfig(vocab_size=50, d_model=32, num_heads=4, d_ff=64,
@@ -65,22 +66,50 @@ def test_embedding_is_scaled_by_sqrt_d_model_and_attend_uses_the_table():
   np.testing.assert_allclose(logits[0], want, rtol=1e-5, atol=1e-5)
 
 
-def test_matmul_by_transposed_is_x_times_kernel_transposed_for_any_rows():
-  kernel = jax.random.normal(jax.random.PRNGKey(0), (6, 5))
+def test_matmuls_by_transposed_are_x_times_each_kernel_transposed():
+  kernels = [jax.random.normal(jax.random.PRNGKey(0), (6, 5)),
+             jax.random.normal(jax.random.PRNGKey(2), (3, 5))]
   for shape in [(3, 5), (2, 4, 5), (FEW_ROWS + 1, 5)]:  # Both paths.
     x = jax.random.normal(jax.random.PRNGKey(1), shape)
+    products = jax.jit(matmuls_by_transposed)(x, kernels)
+    for product, kernel in zip(products, kernels):
+      np.testing.assert_allclose(product, np.asarray(x) @ np.asarray(kernel).T,
+                                 rtol=1e-5, atol=1e-5)
+    grad_x, grad_kernels = jax.grad(
+        lambda x, ks: sum(p.sum() for p in matmuls_by_transposed(x, ks)),
+        argnums=(0, 1))(x, kernels)
     np.testing.assert_allclose(
-        jax.jit(matmul_by_transposed)(x, kernel),
-        np.asarray(x) @ np.asarray(kernel).T, rtol=1e-5, atol=1e-5)
-    grad_x, grad_kernel = jax.grad(
-        lambda x, k: matmul_by_transposed(x, k).sum(), argnums=(0, 1))(
-            x, kernel)
-    np.testing.assert_allclose(
-        grad_x, np.broadcast_to(np.asarray(kernel).sum(0), shape), rtol=1e-5)
-    np.testing.assert_allclose(
-        grad_kernel,
-        np.broadcast_to(np.asarray(x).reshape(-1, 5).sum(0), (6, 5)),
-        rtol=1e-5, atol=1e-5)
+        grad_x, np.broadcast_to(sum(np.asarray(k).sum(0) for k in kernels),
+                                shape), rtol=1e-5)
+    for grad_kernel, kernel in zip(grad_kernels, kernels):
+      np.testing.assert_allclose(
+          grad_kernel,
+          np.broadcast_to(np.asarray(x).reshape(-1, 5).sum(0), kernel.shape),
+          rtol=1e-5, atol=1e-5)
+
+
+def test_linears_applied_together_equal_each_applied_alone():
+  class TwoLinears(nn.Module):
+    together: bool
+
+    @nn.compact
+    def __call__(self, x):
+      linears = [Linear((2, 3), ('heads', 'kv', 'embed'), CONFIG, name='a'),
+                 Linear((4,), ('mlp', 'embed'), CONFIG, use_bias=False,
+                        name='b')]
+      if self.together:
+        return apply_linears(x, linears)
+      return [linear(x) for linear in linears]
+
+  for rows in (3, FEW_ROWS + 1):  # Both paths.
+    x = jax.random.normal(jax.random.PRNGKey(0), (1, rows, 32))
+    variables = TwoLinears(False).init(jax.random.PRNGKey(1), x)
+    variables = jax.tree.map(lambda v: v + 0.1, variables)  # Non-zero bias.
+    alone = TwoLinears(False).apply(variables, x)
+    together = TwoLinears(True).apply(variables, x)
+    assert [y.shape for y in together] == [(1, rows, 2, 3), (1, rows, 4)]
+    for a, b in zip(alone, together):
+      np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-6)
 
 
 def test_feed_forward_is_relu_between_two_affine_maps():
