@@ -244,9 +244,31 @@ def token_loop(step_fn: StepFn, choose_fn, cache, finished: jax.Array,
 
 
 def greedy_choice(logits: jax.Array, step=None) -> jax.Array:
-  """[b, v] -> [b] int32 argmax."""
+  """[b, v] -> [b] int32: the first index of each row's maximum, a NaN
+  counting as the maximum, as `jnp.argmax`.
+
+  XLA's CPU backend reduces floats one element at a time (a NaN-propagating
+  max does not vectorise), but vectorises elementwise maxima: halving the
+  vocabulary with them first takes a [8, 8000] argmax from ~170 us to ~35.
+  The halves are taken on the vocabulary-major view, the layout in which
+  decoding on CPU computes logits (`layers.matmuls_by_transposed`). NaNs are
+  ranked apart, so the result does not depend on how a max reduction treats
+  them.
+  """
   del step
-  return jnp.argmax(logits, axis=-1).astype(jnp.int32)
+  by_token = logits.T  # [v, b]
+  best = by_token
+  while best.shape[0] % 2 == 0 and best.shape[0] > 128:
+    half = best.shape[0] // 2
+    best = jnp.maximum(best[:half], best[half:])
+  best = best.max(axis=0)
+  # Ranks: a NaN's index, else a maximum's index + v, else 2v.
+  vocab = by_token.shape[0]
+  index = jnp.arange(vocab, dtype=jnp.int32)[:, None]
+  rank = jnp.where(jnp.isnan(by_token), index,
+                   jnp.where(by_token == best, index + vocab, 2 * vocab))
+  first = rank.min(axis=0)
+  return jnp.where(first < vocab, first, first - vocab)
 
 
 # ---------------------------------------------------------------- greedy ---

@@ -201,6 +201,20 @@ def test_beam_search_finds_what_greedy_misses():
       scores[0], np.log([0.4 * 0.93, 0.5 * 0.3]) / penalty, rtol=1e-4)
 
 
+@pytest.mark.parametrize('vocab', [8000, 7999, 32])
+def test_greedy_choice_is_argmax_including_ties_and_nan(vocab):
+  rng = np.random.default_rng(0)
+  logits = rng.normal(size=(6, vocab)).astype(np.float32)
+  logits[1] = np.round(logits[1])  # ties: the first maximum wins
+  logits[2, [5, vocab - 1]] = np.nan  # NaN is the maximum, as in argmax
+  logits[3] = -np.inf
+  logits[4, :] = 0.0
+  logits[4, [3, vocab // 2]] = 1.0
+  got = jax.jit(decode.greedy_choice)(jnp.asarray(logits))
+  assert got.dtype == jnp.int32
+  np.testing.assert_array_equal(got, np.argmax(logits, axis=-1))
+
+
 # Whole blocks, a part block, too few values for blocks.
 @pytest.mark.parametrize('n', [1000, 1003, 100])
 def test_blocked_top_k_equals_lax_top_k_including_ties(n):
