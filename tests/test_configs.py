@@ -87,6 +87,7 @@ def tfds_splits_as_tsv(config, tmp_path):
 
 @pytest.mark.parametrize('path', sorted(
     __import__('glob').glob('configs/*.py')))
+@pytest.mark.usefixtures('tfds_scratch_in_tmp_path')
 def test_every_config_trains_one_step_when_shrunk(path, tmp_path):
   from jaxformer.train.loop import Trainer
   config = shrink(config_lib.load_config(path), tmp_path)

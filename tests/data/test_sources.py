@@ -143,6 +143,7 @@ def fake_wmt(self, split, **unused_kwargs):
   })
 
 
+@pytest.mark.usefixtures('tfds_scratch_in_tmp_path')
 def test_tfds_reads_the_configured_split_and_direction():
   tfds = pytest.importorskip('tensorflow_datasets')
   with tfds.testing.mock_data(as_dataset_fn=fake_wmt):
@@ -155,6 +156,7 @@ def test_tfds_reads_the_configured_split_and_direction():
   assert german_to_english[2] == ('hallo newstest2015 2', 'hello newstest2015 2')
 
 
+@pytest.mark.usefixtures('tfds_scratch_in_tmp_path')
 def test_tfds_errors_are_clear():
   tfds = pytest.importorskip('tensorflow_datasets')
   with tfds.testing.mock_data(as_dataset_fn=fake_wmt):
