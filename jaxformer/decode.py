@@ -18,6 +18,7 @@ import numpy as np
 from flax.core import meta
 
 from jaxformer.model.config import ModelConfig
+from jaxformer.model.layers import FEW_ROWS, matmuls_by_transposed
 from jaxformer.model.transformer import DecoderLM, EncoderDecoder
 
 PAD_ID = 0  # Also the decoder's start token.
@@ -139,10 +140,12 @@ def cross_attention_weights(intermediates, config: ModelConfig) -> jax.Array:
 
 def translation_step_fn(config: ModelConfig, params,
                         inputs_segment_ids: jax.Array,
-                        record_attention: bool = False) -> StepFn:
+                        record_attention: bool = False,
+                        output_fn=None) -> StepFn:
   """Cached `EncoderDecoder` step. inputs_segment_ids: [rows, s]; with
   `record_attention` the step also returns cross-attention weights
-  [rows, layers, heads, s]."""
+  [rows, layers, heads, s]; with `output_fn` (see `Decoder`) it returns that
+  function's result [rows, 1, ...] at position 0 in place of the logits."""
   model = EncoderDecoder(config, decode=True)
   mutable = ['cache', 'intermediates'] if record_attention else ['cache']
 
@@ -150,8 +153,8 @@ def translation_step_fn(config: ModelConfig, params,
     ones = jnp.ones((previous_tokens.shape[0], 1), jnp.int32)
     logits, variables = model.apply(
         {'params': params, 'cache': cache}, None, inputs_segment_ids,
-        previous_tokens[:, None], ones, ones * step, method='decode_logits',
-        mutable=mutable)
+        previous_tokens[:, None], ones, ones * step, output_fn,
+        method='decode_logits', mutable=mutable)
     record = None
     if record_attention:
       record = cross_attention_weights(variables['intermediates'], config)
@@ -204,7 +207,8 @@ def token_loop(step_fn: StepFn, choose_fn, cache, finished: jax.Array,
   `max_decode_len` tokens.
 
   Args:
-    choose_fn: (logits [b, v], step) -> next tokens [b] int32.
+    choose_fn: (step_fn's logits [b, v], step) -> next tokens [b] int32;
+      the identity where step_fn returns the tokens themselves.
     finished: [b] bool, rows that produce nothing (all-padding sources).
     record_shape: (shape, dtype) of step_fn's per-step record, or None.
 
@@ -271,6 +275,102 @@ def greedy_choice(logits: jax.Array, step=None) -> jax.Array:
   return jnp.where(first < vocab, first, first - vocab)
 
 
+def int8_candidates(x: jax.Array, kernel: jax.Array):
+  """The tokens that can have the largest float32 logit x kernel^T, screened
+  by an int8 product, a quarter of the float32 one's memory traffic.
+
+  With kernel rows w = s q + e and x = s_x p + e_x (q, p int8), each logit
+  x.w exceeds s s_x p.q by s_x p.e + e_x.w, at most
+  B = |s_x p| max|e| + |e_x| max|w| (2-norms), and the float32 product misses
+  the exact one by at most r = 2 d 2^-24 |x| max|w|. So the token with the
+  largest float32 logit has p.q >= max(p.q) - 2 (B + r) / (s s_x): it is
+  among the tokens that pass that test.
+
+  The int8 table depends on the kernel only: in a decoding loop XLA makes it
+  once, before the loop.
+
+  Args:
+    x: [rows, d] float32; kernel: [v, d] float32.
+
+  Returns:
+    (count, first, last), [rows] int32 each: how many tokens pass, the first
+    and the last of them; count is 0 where x or the kernel has NaN or inf.
+  """
+  vocab, features = kernel.shape
+  scale = jnp.max(jnp.abs(kernel)) / 127
+  scale = jnp.where(scale > 0, scale, 1.0)
+  kernel_q = jnp.floor(kernel * (1 / scale) + 0.5)  # Vectorises; round doesn't.
+  kernel_error = jnp.max(jnp.linalg.norm(kernel - scale * kernel_q, axis=1))
+  kernel_norm = jnp.max(jnp.linalg.norm(kernel, axis=1))
+
+  x = jax.lax.optimization_barrier(x)  # Computed once, not in every use.
+  x_scale = jnp.max(jnp.abs(x), axis=1, keepdims=True) / 127  # [rows, 1]
+  x_scale = jnp.where(x_scale > 0, x_scale, 1.0)
+  x_q = jnp.floor(x * (1 / x_scale) + 0.5)
+  bound = (jnp.linalg.norm(x_scale * x_q, axis=1) * kernel_error
+           + jnp.linalg.norm(x - x_scale * x_q, axis=1) * kernel_norm
+           + 2 * features * 2.0**-24 * jnp.linalg.norm(x, axis=1)
+           * kernel_norm)  # [rows]
+  slack = jnp.minimum(2 * bound / (scale * x_scale[:, 0]), 2.0**30)
+  # kernel_q x_q^T: the int8 product that XLA's CPU backend runs natively.
+  scores = jax.lax.dot_general(
+      kernel_q.astype(jnp.int8), x_q.astype(jnp.int8), (((1,), (1,)), ((), ())),
+      preferred_element_type=jnp.int32)  # [v, rows]
+  passes = scores >= (jnp.max(scores, axis=0)
+                      - jnp.ceil(slack).astype(jnp.int32) - 1)
+  index = jnp.arange(vocab, dtype=jnp.int32)[:, None]
+  count, first, last = jax.lax.reduce(  # One pass over the scores.
+      (passes.astype(jnp.int32), jnp.where(passes, index, vocab),
+       jnp.where(passes, index, -1)), (0, vocab, -1),
+      lambda a, b: (a[0] + b[0], jnp.minimum(a[1], b[1]),
+                    jnp.maximum(a[2], b[2])), (0,))
+  return jnp.where(jnp.isfinite(bound), count, 0), first, last
+
+
+def screened_argmax(x: jax.Array, kernel: jax.Array) -> jax.Array:
+  """`greedy_choice` of the logits x kernel^T, computing float32 logits for
+  at most two tokens a row: [rows, d] x [v, d] float32 -> [rows] int32.
+
+  Where `int8_candidates` leaves one token in every row, that is the answer;
+  where it leaves one or two, their float32 logits decide (ties to the
+  first); otherwise (a near tie, NaN or inf) the step computes all the
+  logits. Two logits within rounding error of each other may order
+  differently than in the full product, as between any two matmul kernels.
+  """
+  count, first, last = int8_candidates(x, kernel)
+
+  def best_of_two():
+    candidates = jnp.take(kernel, jnp.stack([first, last], axis=1), axis=0,
+                          mode='clip')  # [rows, 2, d]
+    logits = jnp.einsum('rkd,rd->rk', candidates, x)
+    return jnp.where(logits[:, 1] > logits[:, 0], last, first)
+
+  def best_of_all():
+    return greedy_choice(matmuls_by_transposed(
+        x, [kernel], preferred_element_type=jnp.float32)[0])
+
+  case = jnp.where(jnp.all(count == 1), 0,
+                   jnp.where(jnp.all((count >= 1) & (count <= 2)), 1, 2))
+  return jax.lax.switch(case, [lambda: first, best_of_two, best_of_all])
+
+
+def screens_greedy(config: ModelConfig, batch: int) -> bool:
+  """Whether greedy decoding picks its tokens with `screened_argmax`: on CPU
+  (where a decoding step is bound by memory traffic), for few rows, in
+  float32, with the output layer tied to the embedding (so without bias)."""
+  return (jax.default_backend() == 'cpu' and batch <= FEW_ROWS
+          and config.compute_dtype == jnp.float32
+          and config.share_embeddings != 'none')
+
+
+def _screened_tokens(x, kernel, bias):
+  """`Decoder` output_fn: next tokens [b, t] int32 from x [b, t, d]."""
+  assert bias is None, 'screened_argmax takes an output layer without bias'
+  batch, length, features = x.shape
+  return screened_argmax(x.reshape(-1, features), kernel).reshape(batch,
+                                                                   length)
+
+
 # ---------------------------------------------------------------- greedy ---
 
 @functools.partial(jax.jit, static_argnames=(
@@ -279,13 +379,17 @@ def _greedy_decode(params, inputs, config, max_decode_len, eos_id,
                    return_attention):
   encoded, segment_ids = encode_sources(config, params, inputs)
   cache = init_cache(config, params, encoded, segment_ids, max_decode_len)
-  step_fn = translation_step_fn(config, params, segment_ids, return_attention)
+  choose_fn, output_fn = greedy_choice, None
+  if screens_greedy(config, inputs.shape[0]):
+    choose_fn, output_fn = (lambda tokens, step: tokens), _screened_tokens
+  step_fn = translation_step_fn(config, params, segment_ids, return_attention,
+                                output_fn)
   record_shape = None
   if return_attention:
     record_shape = ((inputs.shape[0], config.num_decoder_layers,
                      config.num_heads, inputs.shape[1]), jnp.float32)
   has_source = jnp.any(inputs != PAD_ID, axis=-1)
-  tokens, records = token_loop(step_fn, greedy_choice, cache, ~has_source,
+  tokens, records = token_loop(step_fn, choose_fn, cache, ~has_source,
                                max_decode_len, eos_id, record_shape)
   if not return_attention:
     return tokens

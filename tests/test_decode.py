@@ -52,14 +52,18 @@ def random_sources(batch, length, seed=0, vocab=TINY.vocab_size):
 
 
 @functools.lru_cache(maxsize=None)
-def translation_model(scan_layers=False, eos_bias=0.0):
+def translation_model(scan_layers=False, eos_bias=0.0,
+                      share_embeddings='none', seed=0):
   """(config, params) of a random tiny EncoderDecoder; `eos_bias` is added
-  to the output bias of EOS, so that hypotheses end within a few steps."""
-  config = TINY.replace(scan_layers=scan_layers)
+  to the output bias of EOS (untied output layer only), so that hypotheses
+  end within a few steps."""
+  config = TINY.replace(scan_layers=scan_layers,
+                        share_embeddings=share_embeddings)
   dummy = jnp.ones((1, 4), jnp.int32)
-  params = random_params(EncoderDecoder(config), dummy, dummy)
-  bias = params['decoder']['logits']['bias']
-  params['decoder']['logits']['bias'] = bias.at[decode.EOS_ID].add(eos_bias)
+  params = random_params(EncoderDecoder(config), dummy, dummy, seed=seed)
+  if eos_bias:
+    bias = params['decoder']['logits']['bias']
+    params['decoder']['logits']['bias'] = bias.at[decode.EOS_ID].add(eos_bias)
   return config, params
 
 
@@ -106,9 +110,15 @@ def mid_sentence_eos(tokens, start=2):
   raise AssertionError(f'no token to end a row with in {tokens}')
 
 
-@pytest.mark.parametrize('scan_layers', [False, True])
-def test_greedy_equals_uncached_argmax_and_stops_at_eos(scan_layers):
-  config, params = translation_model(scan_layers)
+# Tied embeddings: on CPU greedy search picks tokens with screened_argmax.
+# (Tiny tied models tend to repeat one token; seed 5 changes its mind.)
+@pytest.mark.parametrize('scan_layers, share_embeddings, seed', [
+    (False, 'none', 0), (True, 'none', 0), (False, 'all', 5)])
+def test_greedy_equals_uncached_argmax_and_stops_at_eos(scan_layers,
+                                                        share_embeddings,
+                                                        seed):
+  config, params = translation_model(
+      scan_layers, share_embeddings=share_embeddings, seed=seed)
   inputs = random_sources(4, 7)
   eos_id = mid_sentence_eos(
       uncached_greedy(config, params, inputs, DECODE_LEN, eos_id=-1))
@@ -213,6 +223,60 @@ def test_greedy_choice_is_argmax_including_ties_and_nan(vocab):
   got = jax.jit(decode.greedy_choice)(jnp.asarray(logits))
   assert got.dtype == jnp.int32
   np.testing.assert_array_equal(got, np.argmax(logits, axis=-1))
+
+
+def screening_case(name):
+  """(x [rows, 64], kernel [1000, 64]) float32 for `screened_argmax`."""
+  rng = np.random.default_rng(0)
+  kernel = rng.normal(0.0, 0.125, (1000, 64)).astype(np.float32)
+  x = rng.normal(0.0, 1.0, (16, 64)).astype(np.float32)
+  if name == 'peaked':  # A clear winner in every row, as in trained models.
+    x += 8.0 * kernel[rng.integers(0, 1000, 16)]
+  elif name == 'outliers':  # Coarse int8 steps in both.
+    kernel[3, 5] = 40.0
+    x[:, 7] *= 50.0
+  elif name == 'exact ties':  # Tokens 7 and 700 share the largest logit.
+    kernel[700] = kernel[7]
+    x = np.tile(kernel[7] * 20.0, (16, 1))
+  elif name == 'near ties':  # Tokens 100-109 within 1e-6 of each other.
+    kernel[100:110] = kernel[100] + rng.normal(0.0, 1e-6, (10, 64))
+    x = np.tile(kernel[100] * 20.0, (16, 1)).astype(np.float32)
+  elif name == 'nan, inf, zero':
+    x[1, 3] = np.nan
+    x[2, 4] = np.inf
+    x[3] = 0.0
+  return x, kernel
+
+
+@pytest.mark.parametrize('case', [
+    'peaked', 'random', 'outliers', 'exact ties', 'near ties',
+    'nan, inf, zero'])
+def test_screened_argmax_is_greedy_choice_of_the_logits(case):
+  x, kernel = screening_case(case)
+  logits = jnp.asarray(x) @ jnp.asarray(kernel).T
+  got = jax.jit(decode.screened_argmax)(jnp.asarray(x), jnp.asarray(kernel))
+  assert got.dtype == jnp.int32
+  np.testing.assert_array_equal(got, decode.greedy_choice(logits))
+  if case == 'exact ties':
+    np.testing.assert_array_equal(got, 7)
+
+
+def test_int8_candidates_hold_the_winner_and_few_others():
+  for case in ['peaked', 'random', 'outliers', 'exact ties', 'near ties']:
+    x, kernel = screening_case(case)
+    count, first, last = jax.jit(decode.int8_candidates)(x, kernel)
+    winner = np.argmax(x.astype(np.float64) @ kernel.T.astype(np.float64), -1)
+    assert np.all((first <= winner) & (winner <= last)), case
+    if case == 'peaked':  # Where the screen is meant to pay off:
+      np.testing.assert_array_equal(count, 1)
+    if case == 'exact ties':
+      np.testing.assert_array_equal(count, 2)
+      np.testing.assert_array_equal([first, last], [[7] * 16, [700] * 16])
+    if case == 'near ties':
+      assert np.all(count >= 10)
+  count, _, _ = decode.int8_candidates(*screening_case('nan, inf, zero'))
+  np.testing.assert_array_equal(count[1:3], 0)  # NaN and inf screen nothing.
+  assert count[3] == 1000  # All logits are zero.
 
 
 # Whole blocks, a part block, too few values for blocks.

@@ -151,7 +151,7 @@ class Decoder(nn.Module):
 
   @nn.compact
   def __call__(self, decoder_inputs, segment_ids, positions, encoded=None,
-               encoder_segment_ids=None):
+               encoder_segment_ids=None, output_fn=None):
     """Logits for the next token at every decoder position.
 
     Args:
@@ -159,9 +159,13 @@ class Decoder(nn.Module):
         in decode mode once the cache exists).
       encoded: [batch, s, d_model] or None (decoder-only).
       encoder_segment_ids: [batch, s] int or None.
+      output_fn: computes what is returned instead of the logits, from the
+        last hidden states [batch, t, d_model] and the output layer, kernel
+        [vocab, d_model] and bias [vocab] (None when tied to the embedding),
+        in the compute dtype: `output_fn(x, kernel, bias)`.
 
     Returns:
-      [batch, t, vocab] float32.
+      [batch, t, vocab] float32, or output_fn's result.
     """
     cfg = self.config
     x = layers.AddPositions(cfg, name='positions')(
@@ -179,9 +183,15 @@ class Decoder(nn.Module):
     if cfg.norm_position == 'pre':
       x = layers.layer_norm(cfg, 'final_norm')(x)
     if cfg.share_embeddings == 'none':
-      logits = layers.Linear((cfg.output_vocab_size,), ('vocab', 'embed'), cfg,
-                             name='logits')(x)
+      head = layers.Linear((cfg.output_vocab_size,), ('vocab', 'embed'), cfg,
+                           name='logits')
+      if output_fn is not None:
+        return output_fn(x, *head.weights((cfg.d_model,)))
+      logits = head(x)
     else:
+      if output_fn is not None:
+        return output_fn(x, jnp.asarray(self.embed.table, cfg.compute_dtype),
+                         None)
       logits = self.embed.attend(x)
     return nn.with_logical_constraint(logits.astype(jnp.float32),
                                       ('batch', 'length', 'vocab'))
@@ -215,10 +225,11 @@ class EncoderDecoder(nn.Module):
     return self.encoder(inputs, segment_ids, positions)
 
   def decode_logits(self, encoded, inputs_segment_ids, decoder_inputs,
-                    targets_segment_ids, targets_positions):
-    """Decoder logits [batch, t, vocab] for already shifted decoder inputs."""
+                    targets_segment_ids, targets_positions, output_fn=None):
+    """Decoder logits [batch, t, vocab] for already shifted decoder inputs
+    (or `output_fn`'s result, see `Decoder`)."""
     return self.decoder(decoder_inputs, targets_segment_ids, targets_positions,
-                        encoded, inputs_segment_ids)
+                        encoded, inputs_segment_ids, output_fn)
 
   def __call__(self, inputs, targets, inputs_segment_ids=None,
                inputs_positions=None, targets_segment_ids=None,
