@@ -299,14 +299,14 @@ def int8_candidates(x: jax.Array, kernel: jax.Array):
   vocab, features = kernel.shape
   scale = jnp.max(jnp.abs(kernel)) / 127
   scale = jnp.where(scale > 0, scale, 1.0)
-  kernel_q = jnp.floor(kernel * (1 / scale) + 0.5)  # Vectorises; round doesn't.
+  kernel_q = jnp.rint(kernel * (1 / scale))  # rint vectorises; round doesn't.
   kernel_error = jnp.max(jnp.linalg.norm(kernel - scale * kernel_q, axis=1))
   kernel_norm = jnp.max(jnp.linalg.norm(kernel, axis=1))
 
   x = jax.lax.optimization_barrier(x)  # Computed once, not in every use.
   x_scale = jnp.max(jnp.abs(x), axis=1, keepdims=True) / 127  # [rows, 1]
   x_scale = jnp.where(x_scale > 0, x_scale, 1.0)
-  x_q = jnp.floor(x * (1 / x_scale) + 0.5)
+  x_q = jnp.rint(x * (1 / x_scale))
   bound = (jnp.linalg.norm(x_scale * x_q, axis=1) * kernel_error
            + jnp.linalg.norm(x - x_scale * x_q, axis=1) * kernel_norm
            + 2 * features * 2.0**-24 * jnp.linalg.norm(x, axis=1)
