@@ -8,6 +8,11 @@ sampling settings are traced values, so changing them does not recompile.
 Token 0 is padding and the decoder's start token; the end-of-sentence id is an
 argument (`eos_id`; -1 never ends a sentence, so every step runs). Shapes:
 `batch` b, `beam` k, decode length `length`, source length s, vocabulary v.
+
+On CPU a decoding step is bound by memory traffic, and the output layer is the
+largest matrix it reads: greedy search ranks the vocabulary with an int8 copy
+of it instead, and computes float32 logits only for the tokens that can win
+(`screened_argmax`).
 """
 import functools
 from typing import Any, Callable, NamedTuple
@@ -280,11 +285,12 @@ def int8_candidates(x: jax.Array, kernel: jax.Array):
   by an int8 product, a quarter of the float32 one's memory traffic.
 
   With kernel rows w = s q + e and x = s_x p + e_x (q, p int8), each logit
-  x.w exceeds s s_x p.q by s_x p.e + e_x.w, at most
-  B = |s_x p| max|e| + |e_x| max|w| (2-norms), and the float32 product misses
-  the exact one by at most r = 2 d 2^-24 |x| max|w|. So the token with the
-  largest float32 logit has p.q >= max(p.q) - 2 (B + r) / (s s_x): it is
-  among the tokens that pass that test.
+  x.w differs from s s_x p.q by s_x p.e + e_x.w, at most
+  B = |s_x p| max|e| + |e_x| max|w| (2-norms), and the float32 product from
+  the exact one by at most r = 2 d 2^-24 |x| max|w| (which also covers the
+  rounding of these statistics). So the token with the largest float32 logit
+  has p.q >= max(p.q) - 2 (B + r) / (s s_x): it is among the tokens that pass
+  that test. (p.q is exact in int32 for d < 133,000.)
 
   The int8 table depends on the kernel only: in a decoding loop XLA makes it
   once, before the loop.
@@ -367,8 +373,8 @@ def _screened_tokens(x, kernel, bias):
   """`Decoder` output_fn: next tokens [b, t] int32 from x [b, t, d]."""
   assert bias is None, 'screened_argmax takes an output layer without bias'
   batch, length, features = x.shape
-  return screened_argmax(x.reshape(-1, features), kernel).reshape(batch,
-                                                                   length)
+  tokens = screened_argmax(x.reshape(-1, features), kernel)
+  return tokens.reshape(batch, length)
 
 
 # ---------------------------------------------------------------- greedy ---
