@@ -267,6 +267,8 @@ def test_int8_candidates_hold_the_winner_and_few_others():
     count, first, last = jax.jit(decode.int8_candidates)(x, kernel)
     winner = np.argmax(x.astype(np.float64) @ kernel.T.astype(np.float64), -1)
     assert np.all((first <= winner) & (winner <= last)), case
+    few = count <= 2  # Then the winner is one of them.
+    assert np.all(((winner == first) | (winner == last))[few]), case
     if case == 'peaked':  # Where the screen is meant to pay off:
       np.testing.assert_array_equal(count, 1)
     if case == 'exact ties':
