@@ -95,15 +95,17 @@ def test_shared_key_attention_gives_each_beam_its_sentences_keys():
     np.testing.assert_allclose(out[row], expected[0], atol=1e-5)
 
 
+@pytest.mark.parametrize('buckets', [4, None])  # None: 10 slots, one bucket.
 @pytest.mark.parametrize('filled', [1, 3, 4, 7, 10])
-def test_prefix_attention_equals_attention_over_the_whole_cache(filled):
+def test_prefix_attention_equals_attention_over_the_whole_cache(filled,
+                                                                 buckets):
   q, k, v = random_qkv(t=1, s=10)
   query = jnp.repeat(q, 2, axis=0)
   mask = jnp.broadcast_to(jnp.arange(10) < filled, (4, 1, 1, 10))
   key_t, value = transposed_keys(k), heads_first(v)
   expected = shared_key_attention(query, key_t, value, mask)
   got = jax.jit(prefix_attention, static_argnames='buckets')(
-      query, key_t, value, mask, filled, buckets=4)
+      query, key_t, value, mask, filled, buckets=buckets)
   np.testing.assert_allclose(got[0], expected[0], atol=1e-6)
   np.testing.assert_allclose(got[1], expected[1], atol=1e-6)
 
