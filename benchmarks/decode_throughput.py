@@ -6,11 +6,13 @@ time (first call minus a steady-state call) is reported separately. Random
 initial parameters: speed barely depends on their values (greedy search on
 CPU computes all the logits only at steps where its int8 screen leaves more
 than two candidates in some row, `decode.screened_argmax`: 1 step in 64 with
-these parameters). The machine's load
-average is printed too: on a shared CPU, wall time depends on it, process CPU
-time (all threads) much less.
+these parameters). On a single CPU device a batch is decoded as one part per
+core, the parts side by side (`decode.default_batch_parts`; `--batch_parts 1`
+decodes it in one piece). The machine's load average is printed too: on a
+shared CPU, wall time depends on it, process CPU time (all threads) much less.
 
   python benchmarks/decode_throughput.py [--repeats 5] [--batch 8]
+      [--batch_parts N]
 """
 import argparse
 import os
@@ -55,6 +57,8 @@ def main():
   parser.add_argument('--source_len', type=int, default=64)
   parser.add_argument('--output_len', type=int, default=64)
   parser.add_argument('--repeats', type=int, default=5)
+  parser.add_argument('--batch_parts', type=int, default=None,
+                      help='default: decode.default_batch_parts')
   args = parser.parse_args()
 
   config = SMALL
@@ -62,16 +66,18 @@ def main():
   params = EncoderDecoder(config).init(jax.random.PRNGKey(0), inputs,
                                        inputs)['params']
   output_tokens = args.batch * args.output_len
-  print(f'{jax.devices()[0].platform}: batch {args.batch}, source '
-        f'{args.source_len}, output {args.output_len} tokens, model {config}')
+  parts = args.batch_parts or decode.default_batch_parts(inputs)
+  print(f'{jax.devices()[0].platform}: batch {args.batch} in {parts} '
+        f'part(s), source {args.source_len}, output {args.output_len} tokens, '
+        f'model {config}')
 
   runs = {
       'greedy': lambda: decode.greedy_decode(
           params, config, inputs, max_decode_len=args.output_len,
-          eos_id=NO_EOS),
+          eos_id=NO_EOS, batch_parts=parts),
       'beam 4': lambda: decode.beam_search(
           params, config, inputs, beam_size=4, max_decode_len=args.output_len,
-          eos_id=NO_EOS),
+          eos_id=NO_EOS, batch_parts=parts),
   }
   for name, run in runs.items():
     first, wall, cpu = timed(run, args.repeats)

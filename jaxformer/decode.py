@@ -3,7 +3,7 @@ beam search for `EncoderDecoder`, and sampling (temperature, top-k, top-p) for
 `DecoderLM`.
 
 Each search is one `jax.lax.while_loop`, compiled once per config and shapes
-(batch, source length, decode length, beam size); eos_id, alpha and the
+(sentences, source length, decode length, beam size); eos_id, alpha and the
 sampling settings are traced values, so changing them does not recompile.
 Token 0 is padding and the decoder's start token; the end-of-sentence id is an
 argument (`eos_id`; -1 never ends a sentence, so every step runs). Shapes:
@@ -12,9 +12,13 @@ argument (`eos_id`; -1 never ends a sentence, so every step runs). Shapes:
 On CPU a decoding step is bound by memory traffic, and the output layer is the
 largest matrix it reads: greedy search ranks the vocabulary with an int8 copy
 of it instead, and computes float32 logits only for the tokens that can win
-(`screened_argmax`).
+(`screened_argmax`). A step is also a chain of operations too small to keep
+every core busy: on a single CPU device a batch is decoded as one part per
+core, the parts' searches running side by side (`search_in_parts`).
 """
+import concurrent.futures
 import functools
+import os
 from typing import Any, Callable, NamedTuple
 
 import jax
@@ -377,6 +381,73 @@ def _screened_tokens(x, kernel, bias):
   return tokens.reshape(batch, length)
 
 
+# ---------------------------------------------------- concurrent parts ---
+
+def _cpu_cores() -> int:
+  if hasattr(os, 'sched_getaffinity'):
+    return len(os.sched_getaffinity(0))
+  return os.cpu_count() or 1
+
+
+def default_batch_parts(inputs: jax.Array) -> int:
+  """How many parts of a batch a search decodes side by side: one per core
+  (at most one per sentence) on a single CPU device; 1 under a trace, on
+  accelerators, and with several devices (whose batches are sharded over a
+  mesh instead, and whose executions must run in the same order everywhere).
+
+  A decoding step on CPU is a chain of small operations, none big enough to
+  keep every core busy, so one search leaves cores idle between them;
+  searches on parts of the batch, run as separate executions from separate
+  threads, fill those gaps. On 2 cores (the decode benchmark), 2 parts made
+  greedy search 1.3x and beam search 1.45x as fast; 4 parts were slower than
+  one. No sentence's result depends on the rest of its batch, so the results
+  are the same.
+  """
+  if (isinstance(inputs, jax.core.Tracer) or jax.default_backend() != 'cpu'
+      or jax.device_count() > 1):
+    return 1
+  return max(1, min(inputs.shape[0], _cpu_cores()))
+
+
+@functools.cache
+def _part_threads() -> concurrent.futures.ThreadPoolExecutor:
+  return concurrent.futures.ThreadPoolExecutor(
+      max(2, _cpu_cores()), thread_name_prefix='jaxformer-decode')
+
+
+def search_in_parts(search: Callable[[jax.Array], Any], inputs: jax.Array,
+                    parts: int):
+  """`search(inputs)` run on `parts` equal blocks of rows concurrently, one
+  execution per block; the last block is filled up with all-padding rows.
+
+  Args:
+    search: [rows, s] int -> a pytree of [rows, ...] arrays and scalars; an
+      all-padding row must not change the other rows' results.
+    inputs: [batch, s] int.
+
+  Returns:
+    the pytree for the whole batch: arrays joined along rows, scalars (a step
+    count) the largest of the blocks'.
+  """
+  if parts <= 1:
+    return search(inputs)
+  batch = inputs.shape[0]
+  rows = -(-batch // parts)
+  inputs = jnp.pad(inputs, ((0, rows * parts - batch), (0, 0)))
+  blocks = [inputs[i * rows:(i + 1) * rows] for i in range(parts)]
+  # Each thread waits for its own execution: that is what makes them run
+  # side by side rather than one after another.
+  results = [future.result() for future in [
+      _part_threads().submit(lambda b: jax.block_until_ready(search(b)), b)
+      for b in blocks]]
+
+  def join(*leaves):
+    if leaves[0].ndim == 0:
+      return functools.reduce(jnp.maximum, leaves)
+    return jnp.concatenate(leaves)[:batch]
+  return jax.tree.map(join, *results)
+
+
 # ---------------------------------------------------------------- greedy ---
 
 @functools.partial(jax.jit, static_argnames=(
@@ -404,7 +475,8 @@ def _greedy_decode(params, inputs, config, max_decode_len, eos_id,
 
 def greedy_decode(params, config: ModelConfig, inputs, *,
                   max_decode_len: int | None = None, eos_id: int = EOS_ID,
-                  return_attention: bool = False):
+                  return_attention: bool = False,
+                  batch_parts: int | None = None):
   """Greedy translation of a batch of sources.
 
   Args:
@@ -414,6 +486,8 @@ def greedy_decode(params, config: ModelConfig, inputs, *,
     max_decode_len: defaults to `max_decode_length(inputs, 50, config.max_len)`.
     eos_id: end-of-sentence id; -1 never stops (every step runs).
     return_attention: also return cross-attention weights.
+    batch_parts: decode this many blocks of sentences concurrently
+      (`search_in_parts`); defaults to `default_batch_parts(inputs)`.
 
   Returns:
     tokens [batch, max_decode_len] int32: EOS included, 0 after it; with
@@ -423,9 +497,14 @@ def greedy_decode(params, config: ModelConfig, inputs, *,
   if max_decode_len is None:
     max_decode_len = max_decode_length(inputs, max_len=config.max_len)
   _check_decode_length(config, max_decode_len)
-  return _greedy_decode(meta.unbox(params), jnp.asarray(inputs, jnp.int32),
-                        config, max_decode_len, jnp.int32(eos_id),
-                        return_attention)
+  inputs = jnp.asarray(inputs, jnp.int32)
+  params = meta.unbox(params)
+  if batch_parts is None:
+    batch_parts = default_batch_parts(inputs)
+  return search_in_parts(
+      lambda rows: _greedy_decode(params, rows, config, max_decode_len,
+                                  jnp.int32(eos_id), return_attention),
+      inputs, batch_parts)
 
 
 # ------------------------------------------------------------ beam search ---
@@ -588,7 +667,7 @@ def _beam_search(params, inputs, config, beam_size, alpha, max_decode_len,
 def beam_search(params, config: ModelConfig, inputs, *, beam_size: int = 4,
                 alpha: float = 0.6, max_decode_len: int | None = None,
                 eos_id: int = EOS_ID, early_exit: bool = True,
-                return_steps: bool = False):
+                return_steps: bool = False, batch_parts: int | None = None):
   """Beam search translation with GNMT's length penalty.
 
   A hypothesis scores log p(Y | X) / ((5 + |Y|) / 6) ** alpha, |Y| counting
@@ -606,7 +685,10 @@ def beam_search(params, config: ModelConfig, inputs, *, beam_size: int = 4,
     eos_id: -1 never ends a hypothesis (every step runs).
     early_exit: False runs every step and never freezes a sentence (for
       testing that stopping early changes nothing).
-    return_steps: also return how many steps ran ([] int32).
+    return_steps: also return how many steps ran ([] int32; with several
+      `batch_parts`, the most any part ran).
+    batch_parts: decode this many blocks of sentences concurrently
+      (`search_in_parts`); defaults to `default_batch_parts(inputs)`.
 
   Returns:
     (tokens [batch, beam, max_decode_len] int32, best first, 0 after EOS;
@@ -618,9 +700,14 @@ def beam_search(params, config: ModelConfig, inputs, *, beam_size: int = 4,
   inputs = jnp.asarray(inputs, jnp.int32)
   if beam_size * 2 > config.output_vocab_size:
     raise ValueError('beam_size must be at most half the vocabulary.')
-  tokens, scores, steps = _beam_search(
-      meta.unbox(params), inputs, config, beam_size, jnp.float32(alpha),
-      max_decode_len, jnp.int32(eos_id), jnp.bool_(early_exit))
+  params = meta.unbox(params)
+  if batch_parts is None:
+    batch_parts = default_batch_parts(inputs)
+  tokens, scores, steps = search_in_parts(
+      lambda rows: _beam_search(
+          params, rows, config, beam_size, jnp.float32(alpha),
+          max_decode_len, jnp.int32(eos_id), jnp.bool_(early_exit)),
+      inputs, batch_parts)
   return (tokens, scores, steps) if return_steps else (tokens, scores)
 
 

@@ -1,6 +1,7 @@
 """Greedy search, beam search and sampling against uncached references and
 hand-built models."""
 import functools
+import os
 
 import jax
 import jax.numpy as jnp
@@ -336,6 +337,56 @@ def test_results_do_not_depend_on_the_rest_of_the_batch():
   np.testing.assert_array_equal(batch_tokens[2], alone_tokens[0])
   np.testing.assert_allclose(batch_scores[2], alone_scores[0], rtol=1e-5)
   np.testing.assert_array_equal(batch_tokens[1], 0)
+
+
+@pytest.mark.parametrize('parts', [2, 3])
+def test_searching_in_parts_changes_no_result(parts):
+  # 5 sentences, one all padding; the last part is filled up with padding.
+  config, params = translation_model(scan_layers=True, eos_bias=3.0)
+  inputs = random_sources(5, 7, seed=2)
+  inputs[3] = 0
+  greedy = functools.partial(decode.greedy_decode, params, config, inputs,
+                             max_decode_len=DECODE_LEN, return_attention=True)
+  tokens, weights = greedy(batch_parts=1)
+  parts_tokens, parts_weights = greedy(batch_parts=parts)
+  np.testing.assert_array_equal(parts_tokens, tokens)
+  np.testing.assert_allclose(parts_weights, weights, atol=1e-6)
+
+  beam = functools.partial(decode.beam_search, params, config, inputs,
+                           beam_size=3, max_decode_len=DECODE_LEN,
+                           return_steps=True)
+  tokens, scores, steps = beam(batch_parts=1)
+  parts_tokens, parts_scores, parts_steps = beam(batch_parts=parts)
+  np.testing.assert_array_equal(parts_tokens, tokens)
+  np.testing.assert_allclose(parts_scores, scores, rtol=1e-5)
+  assert parts_steps == steps < DECODE_LEN  # The largest part's count.
+
+
+def test_search_in_parts_joins_rows_and_keeps_the_largest_scalar():
+  inputs = jnp.arange(10, dtype=jnp.int32).reshape(5, 2)
+  rows, largest = decode.search_in_parts(
+      lambda block: (block * 2, jnp.max(block)), inputs, parts=2)
+  np.testing.assert_array_equal(rows, inputs * 2)
+  assert largest == 9
+
+
+def test_default_batch_parts_is_one_per_cpu_core_and_one_under_jit():
+  config, params = translation_model()
+  inputs = jnp.asarray(random_sources(3, 7))
+  expected = 1
+  if jax.default_backend() == 'cpu' and jax.device_count() == 1:
+    expected = min(3, len(os.sched_getaffinity(0)))
+  assert decode.default_batch_parts(inputs) == expected
+
+  greedy = functools.partial(decode.greedy_decode, params, config,
+                             max_decode_len=DECODE_LEN)
+  parts_under_jit = []
+
+  def traced(inputs):
+    parts_under_jit.append(decode.default_batch_parts(inputs))
+    return greedy(inputs)
+  np.testing.assert_array_equal(jax.jit(traced)(inputs), greedy(inputs))
+  assert parts_under_jit == [1]
 
 
 def test_greedy_returns_cross_attention_weights():
