@@ -2,6 +2,8 @@
 hand-built models."""
 import functools
 import os
+import subprocess
+import sys
 
 import jax
 import jax.numpy as jnp
@@ -370,13 +372,24 @@ def test_search_in_parts_joins_rows_and_keeps_the_largest_scalar():
   assert largest == 9
 
 
-def test_default_batch_parts_is_one_per_cpu_core_and_one_under_jit():
+def test_default_batch_parts_is_one_per_core_on_a_single_cpu_device():
+  env = {k: v for k, v in os.environ.items() if k != 'XLA_FLAGS'}
+  env['JAX_PLATFORMS'] = 'cpu'
+  script = ('import jax.numpy as jnp; from jaxformer import decode; '
+            'print([decode.default_batch_parts(jnp.zeros((n, 5), jnp.int32))'
+            ' for n in (1, 3, 64)])')
+  printed = subprocess.run([sys.executable, '-c', script], env=env,
+                           capture_output=True, text=True, check=True).stdout
+  cores = len(os.sched_getaffinity(0))
+  assert printed.split()[-3:] == [
+      '[1,', f'{min(3, cores)},', f'{min(64, cores)}]']
+
+
+def test_default_batch_parts_is_one_with_several_devices_or_under_jit():
   config, params = translation_model()
   inputs = jnp.asarray(random_sources(3, 7))
-  expected = 1
-  if jax.default_backend() == 'cpu' and jax.device_count() == 1:
-    expected = min(3, len(os.sched_getaffinity(0)))
-  assert decode.default_batch_parts(inputs) == expected
+  if jax.device_count() > 1:  # As the suite runs: 8 CPU devices.
+    assert decode.default_batch_parts(inputs) == 1
 
   greedy = functools.partial(decode.greedy_decode, params, config,
                              max_decode_len=DECODE_LEN)
