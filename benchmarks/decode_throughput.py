@@ -66,7 +66,9 @@ def main():
   params = EncoderDecoder(config).init(jax.random.PRNGKey(0), inputs,
                                        inputs)['params']
   output_tokens = args.batch * args.output_len
-  parts = args.batch_parts or decode.default_batch_parts(inputs)
+  parts = args.batch_parts
+  if parts is None:
+    parts = decode.default_batch_parts(inputs)
   print(f'{jax.devices()[0].platform}: batch {args.batch} in {parts} '
         f'part(s), source {args.source_len}, output {args.output_len} tokens, '
         f'model {config}')

@@ -416,7 +416,7 @@ def _part_threads() -> concurrent.futures.ThreadPoolExecutor:
 
 
 def search_in_parts(search: Callable[[jax.Array], Any], inputs: jax.Array,
-                    parts: int):
+                    parts: int | None = None):
   """`search(inputs)` run on `parts` equal blocks of rows concurrently, one
   execution per block; the last block is filled up with all-padding rows.
 
@@ -424,12 +424,18 @@ def search_in_parts(search: Callable[[jax.Array], Any], inputs: jax.Array,
     search: [rows, s] int -> a pytree of [rows, ...] arrays and scalars; an
       all-padding row must not change the other rows' results.
     inputs: [batch, s] int.
+    parts: >= 1; None for `default_batch_parts(inputs)`.
 
   Returns:
     the pytree for the whole batch: arrays joined along rows, scalars (a step
     count) the largest of the blocks'.
   """
-  if parts <= 1:
+  if parts is None:
+    parts = default_batch_parts(inputs)
+  if parts < 1:
+    raise ValueError(f'batch_parts must be at least 1 (1 decodes the batch in '
+                     f'one piece), got {parts}.')
+  if parts == 1:
     return search(inputs)
   batch = inputs.shape[0]
   rows = -(-batch // parts)
@@ -499,8 +505,6 @@ def greedy_decode(params, config: ModelConfig, inputs, *,
   _check_decode_length(config, max_decode_len)
   inputs = jnp.asarray(inputs, jnp.int32)
   params = meta.unbox(params)
-  if batch_parts is None:
-    batch_parts = default_batch_parts(inputs)
   return search_in_parts(
       lambda rows: _greedy_decode(params, rows, config, max_decode_len,
                                   jnp.int32(eos_id), return_attention),
@@ -701,8 +705,6 @@ def beam_search(params, config: ModelConfig, inputs, *, beam_size: int = 4,
   if beam_size * 2 > config.output_vocab_size:
     raise ValueError('beam_size must be at most half the vocabulary.')
   params = meta.unbox(params)
-  if batch_parts is None:
-    batch_parts = default_batch_parts(inputs)
   tokens, scores, steps = search_in_parts(
       lambda rows: _beam_search(
           params, rows, config, beam_size, jnp.float32(alpha),

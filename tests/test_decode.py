@@ -370,6 +370,8 @@ def test_search_in_parts_joins_rows_and_keeps_the_largest_scalar():
       lambda block: (block * 2, jnp.max(block)), inputs, parts=2)
   np.testing.assert_array_equal(rows, inputs * 2)
   assert largest == 9
+  with pytest.raises(ValueError, match='batch_parts must be at least 1'):
+    decode.search_in_parts(lambda block: block, inputs, parts=0)
 
 
 def test_default_batch_parts_is_one_per_core_on_a_single_cpu_device():
