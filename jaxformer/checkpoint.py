@@ -12,9 +12,11 @@ directory OUT/{params, extra}: parameters only, with the config and the
 tokenizers, which `load_export` (and `evaluate.load_trained`) read back.
 """
 import base64
+import glob
 import json
 import os
 import sys
+import threading
 import time
 
 import jax
@@ -112,6 +114,46 @@ def _with_shardings(abstract, shardings):
       abstract, shardings)
 
 
+def _wait_for_failed_writes(directory: str, started_before: set[int],
+                            quiet_seconds: float = 0.5,
+                            timeout_seconds: float = 120.0) -> None:
+  """Waits until a failed save has stopped writing: Orbax reports the first
+  failing write while the step's other writes still run (its threads, and
+  TensorStore's below them), and they would keep changing the step's
+  temporary directory after the error is reported. Done when those threads
+  have ended and the temporary directories have not changed for
+  `quiet_seconds`."""
+  def orbax_threads_running() -> bool:
+    return any(t.ident not in started_before and t.is_alive()
+               and (type(t).__module__.startswith('orbax.')
+                    or t.name.startswith('asyncio_'))
+               for t in threading.enumerate())
+
+  def temporary_files() -> dict[str, tuple[int, int]]:
+    files = {}
+    for tmp in glob.glob(os.path.join(directory, '*.orbax-checkpoint-tmp*')):
+      for root, _, names in os.walk(tmp):
+        for name in names:
+          path = os.path.join(root, name)
+          try:
+            stat = os.stat(path)
+          except OSError:  # Removed while listed: not quiet yet.
+            files[path] = (-1, -1)
+          else:
+            files[path] = (stat.st_size, stat.st_mtime_ns)
+    return files
+
+  deadline = time.monotonic() + timeout_seconds
+  seen, quiet_since = temporary_files(), time.monotonic()
+  while time.monotonic() < deadline:
+    time.sleep(0.02)
+    now = temporary_files()
+    if now != seen or orbax_threads_running():
+      seen, quiet_since = now, time.monotonic()
+    elif time.monotonic() - quiet_since >= quiet_seconds:
+      return
+
+
 class Checkpointer:
   """Saves every `every` steps (asynchronously) and restores the latest good
   step. Keeps the last `keep` steps plus the best by `best_metric`."""
@@ -145,6 +187,7 @@ class Checkpointer:
         item_names=('state', 'extra'))
     self.extra: dict = {}
     self._pending_step = None
+    self._threads_before_save: set[int] = set()
 
   @classmethod
   def reader(cls, workdir: str) -> 'Checkpointer':
@@ -194,6 +237,7 @@ class Checkpointer:
              if np.isscalar(v) and np.isfinite(v)}
     extra = dict(self.extra, metrics=clean, step=int(step))
     ranked = clean if self.best_key in clean else None
+    self._threads_before_save = {t.ident for t in threading.enumerate()}
     try:
       self.manager.save(
           step, args=ocp.args.Composite(state=ocp.args.StandardSave(state),
@@ -213,6 +257,7 @@ class Checkpointer:
       self._pending_step = None
 
   def _save_failed(self, step, error: Exception) -> CheckpointError:
+    _wait_for_failed_writes(self.directory, self._threads_before_save)
     return CheckpointError(
         f'Writing the checkpoint of step {step} to {self.directory} failed '
         f'({_short(error)}). The previous checkpoints {self.all_steps()} are '

@@ -6,6 +6,7 @@ import pathlib
 import resource
 import shutil
 import signal
+import time
 
 import jax
 import ml_collections
@@ -91,6 +92,12 @@ def seen_by_a_new_process(workdir: pathlib.Path) -> pathlib.Path:
   copy = workdir.with_name(workdir.name + '_copy')
   shutil.copytree(workdir, copy)
   return copy
+
+
+def files_and_sizes(directory: pathlib.Path, after: float = 0.0):
+  time.sleep(after)
+  return {path: path.stat().st_size for path in directory.rglob('*')
+          if path.is_file()}
 
 
 def as_numpy(tree):
@@ -240,6 +247,8 @@ def test_failed_save_raises_and_keeps_the_previous_checkpoints(
   finally:
     resource.setrlimit(resource.RLIMIT_FSIZE, (soft, hard))
     signal.signal(signal.SIGXFSZ, previous_handler)
+  # The error comes only after the step's other writes have ended.
+  assert files_and_sizes(tmp_path) == files_and_sizes(tmp_path, after=1.0)
 
   reopened = checkpoint_lib.Checkpointer(
       str(seen_by_a_new_process(tmp_path)), options())
