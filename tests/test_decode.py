@@ -297,6 +297,44 @@ def test_blocked_top_k_equals_lax_top_k_including_ties(n):
     np.testing.assert_array_equal(got[1], want[1])
 
 
+def teacher_forced_logprob(config, params, inputs, tokens, eos_id):
+  """log p(tokens | inputs) under the full (uncached) forward pass, summed up
+  to and including each row's first EOS (all positions if it has none).
+  inputs: [batch, s]; tokens: [batch, length] -> ([batch] log p, [batch]
+  hypothesis lengths counting EOS)."""
+  logits = full_forward(EncoderDecoder(config))(params, inputs, tokens)
+  log_probs = np.asarray(jax.nn.log_softmax(logits.astype(jnp.float32)))
+  picked = np.take_along_axis(log_probs, tokens[..., None], -1)[..., 0]
+  is_eos = tokens == eos_id
+  lengths = np.where(is_eos.any(-1), is_eos.argmax(-1) + 1, tokens.shape[-1])
+  within = np.arange(tokens.shape[-1]) < lengths[:, None]
+  return np.where(within, picked, 0.0).sum(-1), lengths
+
+
+@pytest.mark.parametrize('alpha', [0.0, 0.6, 1.2])
+def test_beam_scores_are_rescored_log_probabilities(alpha):
+  # Each returned hypothesis, rescored by the teacher-forced forward pass and
+  # divided by its length penalty, has the score beam search reports; the
+  # hypotheses are distinct and ranked best first, so none scores higher
+  # than one returned before it.
+  config, params = translation_model(eos_bias=2.0)
+  inputs = random_sources(3, 7, seed=4)
+  beam = 4
+  tokens, scores = decode.beam_search(params, config, inputs, beam_size=beam,
+                                      alpha=alpha, max_decode_len=DECODE_LEN)
+  tokens, scores = np.asarray(tokens), np.asarray(scores)
+  rows = tokens.reshape(-1, DECODE_LEN)
+  logprob, lengths = teacher_forced_logprob(
+      config, params, np.repeat(inputs, beam, axis=0), rows, decode.EOS_ID)
+  rescored = (logprob / decode.length_penalty(lengths, alpha)).reshape(
+      scores.shape)
+  np.testing.assert_allclose(scores, rescored, rtol=2e-5, atol=2e-5)
+  assert np.all(np.diff(scores, axis=-1) <= 0)
+  for sentence in tokens:
+    assert len({tuple(row) for row in sentence}) == beam
+  assert np.any(lengths < DECODE_LEN)  # Some hypotheses ended with EOS.
+
+
 def test_early_exit_does_not_change_results():
   config, params = translation_model(scan_layers=True, eos_bias=3.0)
   inputs = random_sources(4, 7, seed=2)
