@@ -17,6 +17,7 @@ import time
 import numpy as np
 
 from jaxformer.data import builtin
+from jaxformer.data.config import default_data_config
 from jaxformer.data import pipeline
 from jaxformer.data import sources
 from jaxformer.data import tokenizer as tokenizer_lib
@@ -85,7 +86,7 @@ def main() -> None:
   args = parser.parse_args()
 
   with tempfile.TemporaryDirectory() as tmp:
-    data_config = pipeline.default_data_config()
+    data_config = default_data_config()
     benchmark('builtin', data_config, os.path.join(tmp, 'builtin'), args.batches)
 
     tsv_path = os.path.join(tmp, 'train.tsv')
@@ -94,7 +95,7 @@ def main() -> None:
     with open(tsv_path, 'w', encoding='utf-8') as f:
       f.writelines(f'{source}\t{target}\n' for source, target in pairs)
     del pairs
-    data_config = pipeline.default_data_config()
+    data_config = default_data_config()
     data_config.source = 'tsv'
     data_config.tsv.train = tsv_path
     benchmark('tsv', data_config, os.path.join(tmp, 'tsv'), args.batches)

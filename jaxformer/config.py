@@ -14,7 +14,7 @@ from collections.abc import Sequence
 import ml_collections
 
 from jaxformer import parallel
-from jaxformer.data.pipeline import default_data_config
+from jaxformer.data.config import default_data_config
 from jaxformer.model import config as model_config
 
 

@@ -12,6 +12,22 @@ def test_every_config_file_loads_and_validates():
     config_lib.load_config(path)
 
 
+def test_loading_every_config_imports_no_tensorflow():
+  # A fresh interpreter: the test process itself has TensorFlow loaded.
+  import subprocess
+  import sys
+  script = (
+      'import glob, sys\n'
+      'from jaxformer import config\n'
+      'from jaxformer.data import tokenizer\n'
+      'for path in sorted(glob.glob("configs/*.py")):\n'
+      '  config.load_config(path)\n'
+      'loaded = sorted(m for m in sys.modules if m.split(".")[0] in '
+      '("tensorflow", "tensorflow_datasets"))\n'
+      'assert not loaded, loaded\n')
+  subprocess.run([sys.executable, '-c', script], check=True)
+
+
 def test_overrides_are_parsed_with_the_type_of_the_default():
   config = config_lib.load_config('configs/quickstart.py', [
       '--config.train.num_steps=7', 'train.learning_rate=1e-3',

@@ -55,47 +55,6 @@ _CACHE_SIZE = 4
 _BUCKET_GRANULARITY = 8
 
 
-def default_data_config() -> ml_collections.ConfigDict:
-  """The `data` part of the training config, set up for the built-in dataset."""
-  return ml_collections.ConfigDict(dict(
-      source='builtin',  # 'builtin' | 'tsv' | 'files' | 'tfds' | 'text'
-      # dataset: translation | number_parity | number_value | sentences
-      builtin=dict(num_train=200_000, num_dev=1000, num_test=1000, seed=0,
-                   dataset='translation'),
-      text=dict(train='', dev='', test=''),  # one document per line (LM)
-      # Class names of classification, in id order; [] means the sorted
-      # labels of the train split (then saved in the run's config).
-      labels=[],
-      tsv=dict(train='', dev='', test=''),  # 'source<TAB>target' lines, .gz ok
-      files=dict(train_source='', train_target='', dev_source='',
-                 dev_target='', test_source='', test_target=''),
-      tfds=dict(name='wmt14_translate/de-en', data_dir=None,
-                source_language='en', target_language='de',
-                train_split='train', dev_split='validation', test_split='test'),
-      tokenizer=dict(
-          model_path='',  # an existing joint model to use instead of training
-          source_model_path='', target_model_path='',  # the same, joint=False
-          # BPE: on the built-in data SentencePiece's unigram trainer keeps
-          # mostly single letters (twice the tokens per sentence).
-          type='bpe',
-          vocab_size=512,  # per model; the built-in data allows at most ~600
-          character_coverage=1.0,
-          sample_size=20_000,  # train pairs sampled to train the tokenizer
-          joint=True,
-          wait_seconds=3600.0,  # how long processes > 0 wait for process 0's model
-      ),
-      max_source_length=64,  # tokens incl. EOS; longer examples are dropped
-      max_target_length=64,  # from training, truncated in evaluation
-      batching='pack',  # 'pack' | 'bucket'
-      batch_size=32,  # global rows per batch ('pack' and evaluation)
-      tokens_per_batch=4096,  # global tokens per side and batch ('bucket')
-      # Each epoch uses a full seeded permutation (a buffer as large as the
-      # data); 0 keeps the file order.
-      shuffle_buffer=10000,
-      seed=0,
-  ))
-
-
 # ---------------------------------------------------------------- tokenising
 
 

@@ -5,6 +5,7 @@ import pytest
 import tensorflow as tf
 
 from jaxformer.data import builtin
+from jaxformer.data.config import default_data_config
 from jaxformer.data import pipeline
 from jaxformer.data import tokenizer as tokenizer_lib
 from jaxformer.data.sources import DataError
@@ -16,7 +17,7 @@ KEYS = ('inputs', 'inputs_segment_ids', 'inputs_positions',
 
 
 def small_config(**overrides):
-  config = pipeline.default_data_config()
+  config = default_data_config()
   config.builtin.update(num_train=NUM_TRAIN, num_dev=NUM_DEV, num_test=5)
   config.tokenizer.vocab_size = 200
   config.update(batch_size=8, max_source_length=64, max_target_length=56,

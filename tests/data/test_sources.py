@@ -4,7 +4,7 @@ import pytest
 import tensorflow as tf
 
 from jaxformer.data import builtin
-from jaxformer.data import pipeline
+from jaxformer.data.config import default_data_config
 from jaxformer.data import sources
 from jaxformer.data.sources import DataError
 from jaxformer.data.sources import MissingFileError
@@ -21,21 +21,21 @@ def write(path, text: str, compress: bool = False):
 
 
 def tsv_config(**paths):
-  config = pipeline.default_data_config()
+  config = default_data_config()
   config.source = 'tsv'
   config.tsv.update(paths)
   return config
 
 
 def files_config(**paths):
-  config = pipeline.default_data_config()
+  config = default_data_config()
   config.source = 'files'
   config.files.update(paths)
   return config
 
 
 def test_builtin_split_sizes_come_from_the_config():
-  config = pipeline.default_data_config()
+  config = default_data_config()
   config.builtin.update(num_train=30, num_dev=7, seed=3)
   assert sources.read_split(config, 'dev') == builtin.generate(7, 3, 'dev')
   assert len(sources.read_split(config, 'train')) == 30
@@ -120,16 +120,16 @@ def test_line_counts_must_match(tmp_path):
 
 
 def test_unknown_source_kind_and_split():
-  config = pipeline.default_data_config()
+  config = default_data_config()
   config.source = 'csv'
   with pytest.raises(DataError, match="unknown data.source 'csv'"):
     sources.read_split(config, 'train')
   with pytest.raises(DataError, match='split must be one of'):
-    sources.read_split(pipeline.default_data_config(), 'validation')
+    sources.read_split(default_data_config(), 'validation')
 
 
 def tfds_config(**settings):
-  config = pipeline.default_data_config()
+  config = default_data_config()
   config.source = 'tfds'
   config.tfds.update(settings)
   return config

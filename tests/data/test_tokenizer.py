@@ -8,7 +8,7 @@ import pytest
 import sentencepiece as spm
 
 from jaxformer.data import builtin
-from jaxformer.data import pipeline
+from jaxformer.data.config import default_data_config
 from jaxformer.data import tokenizer as tokenizer_lib
 from jaxformer.data.sources import DataError
 from jaxformer.data.tokenizer import BOS_ID, EOS_ID, PAD_ID, UNK_ID
@@ -17,7 +17,7 @@ VOCAB_SIZE = 200
 
 
 def small_config():
-  config = pipeline.default_data_config()
+  config = default_data_config()
   config.builtin.update(num_train=1000, num_dev=20, num_test=20)
   config.tokenizer.update(vocab_size=VOCAB_SIZE, sample_size=500)
   return config
