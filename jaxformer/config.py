@@ -69,6 +69,38 @@ def default_config() -> ml_collections.ConfigDict:
   return c
 
 
+def small_task_config(task: str, dataset: str, best_metric: str,
+                      best_mode: str, runlocal: bool
+                      ) -> ml_collections.ConfigDict:
+  """The shared base of the quick classification, regression and language
+  model configs: a 2-layer d_model 64 model on a built-in dataset, trained on
+  CPU in minutes (`runlocal`: seconds, for tests). The caller picks the
+  layers' side (encoder or decoder) and the lengths."""
+  config = default_config()
+  config.task = task
+  config.model.update(
+      d_model=64, num_heads=4, d_ff=256, max_len=64, embedding_dropout=0.0,
+      residual_dropout=0.0)
+  config.data.builtin.update(dataset=dataset, num_train=20_000, num_dev=500,
+                             num_test=500)
+  config.data.tokenizer.vocab_size = 256
+  config.train.update(num_steps=1500, schedule='warmup_cosine',
+                      learning_rate=2e-3, warmup_steps=100,
+                      grad_clip_norm=1.0, label_smoothing=0.0, log_every=50)
+  config.eval.update(every=500, bleu_examples=0, final_split='')
+  config.checkpoint.update(every=500, keep=2, best_metric=best_metric,
+                           best_mode=best_mode)
+  if runlocal:
+    config.model.update(d_model=32, num_heads=2, d_ff=64)
+    config.data.builtin.update(num_train=1000, num_dev=64, num_test=64)
+    config.data.tokenizer.vocab_size = 200
+    config.train.update(num_steps=30, warmup_steps=5, log_every=10,
+                        learning_rate=3e-3)
+    config.eval.update(every=0)
+    config.checkpoint.update(every=30, async_save=False)
+  return config
+
+
 def load_config(path_and_arg: str,
                 overrides: Sequence[str] = ()) -> ml_collections.ConfigDict:
   """Loads `path[:arg]` and applies `key=value` overrides."""

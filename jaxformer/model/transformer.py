@@ -303,6 +303,17 @@ class PooledEncoder(nn.Module):
     return pool(x, segment_ids, self.config.pooling)
 
 
+def _pooled_head(module: nn.Module, size: int, name: str, inputs,
+                 inputs_segment_ids, inputs_positions) -> jax.Array:
+  """The encoder-only heads' shared body, called inside `module`'s compact
+  method: pooled encoder states [batch, d_model] -> [batch, size] float32."""
+  cfg = module.config
+  pooled = PooledEncoder(cfg, module.deterministic, name='body')(
+      inputs, inputs_segment_ids, inputs_positions)
+  return layers.Linear((size,), (None, 'embed'), cfg, name=name)(
+      pooled).astype(jnp.float32)
+
+
 class EncoderClassifier(nn.Module):
   """Encoder-only classifier: log-probabilities [batch, num_classes]."""
   config: ModelConfig
@@ -310,12 +321,9 @@ class EncoderClassifier(nn.Module):
 
   @nn.compact
   def __call__(self, inputs, inputs_segment_ids=None, inputs_positions=None):
-    cfg = self.config
-    pooled = PooledEncoder(cfg, self.deterministic, name='body')(
-        inputs, inputs_segment_ids, inputs_positions)
-    logits = layers.Linear((cfg.num_classes,), (None, 'embed'), cfg,
-                           name='classifier')(pooled)
-    return jax.nn.log_softmax(logits.astype(jnp.float32))
+    return jax.nn.log_softmax(_pooled_head(
+        self, self.config.num_classes, 'classifier', inputs,
+        inputs_segment_ids, inputs_positions))
 
 
 class EncoderRegressor(nn.Module):
@@ -325,9 +333,5 @@ class EncoderRegressor(nn.Module):
 
   @nn.compact
   def __call__(self, inputs, inputs_segment_ids=None, inputs_positions=None):
-    cfg = self.config
-    pooled = PooledEncoder(cfg, self.deterministic, name='body')(
-        inputs, inputs_segment_ids, inputs_positions)
-    values = layers.Linear((cfg.regression_dim,), (None, 'embed'), cfg,
-                           name='regressor')(pooled)
-    return values.astype(jnp.float32)
+    return _pooled_head(self, self.config.regression_dim, 'regressor', inputs,
+                        inputs_segment_ids, inputs_positions)
