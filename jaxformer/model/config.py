@@ -8,13 +8,15 @@ from typing import Any
 import jax.numpy as jnp
 import ml_collections
 
+from jaxformer.model.backend import ATTENTION_IMPLS
+
 CHOICES = {
     'share_embeddings': ('all', 'target', 'none'),
     'norm_position': ('post', 'pre'),
     'activation': ('relu', 'gelu'),
     'position_embedding': ('sinusoidal', 'learned'),
     'dtype': ('float32', 'bfloat16'),
-    'attention_impl': ('einsum', 'fused'),
+    'attention_impl': ATTENTION_IMPLS,
     'pooling': ('first', 'mean'),
     'remat_policy': ('none', 'full', 'dots', 'dots_with_no_batch_dims'),
 }
@@ -48,7 +50,7 @@ class ModelConfig:
   layer_norm_epsilon: float = 1e-6
   use_bias: bool = True
   dtype: str = 'float32'
-  attention_impl: str = 'einsum'
+  attention_impl: str = 'auto'  # See backend.attention_kernel.
   scan_layers: bool = False
   remat_policy: str = 'none'
   # Encoder-only heads.
