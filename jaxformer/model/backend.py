@@ -59,6 +59,19 @@ def attention_kernel(impl: str, platform_name: str, dtype) -> str:
   return 'einsum'
 
 
+def compute_dtype(name: str, platform_name: str | None = None):
+  """model.dtype as a dtype: 'auto' is bfloat16 on GPUs and TPUs (their
+  matrix units' native type) and float32 on CPUs (where XLA's bfloat16
+  matmuls are slower than float32 ones).
+
+  Args:
+    platform_name: None for `platform()`.
+  """
+  if name == 'auto':
+    name = 'float32' if (platform_name or platform()) == 'cpu' else 'bfloat16'
+  return jnp.dtype(name)
+
+
 def cpu_decoding_tricks(platform_name: str | None = None) -> bool:
   """Whether decoding takes the paths that were measured to pay on XLA's
   CPU backend only: cache reads in prefix buckets under `lax.switch`, the
