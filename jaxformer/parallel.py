@@ -127,6 +127,29 @@ def check_process_rows(mesh: Mesh, process_of=lambda device: device.process_inde
           'the process count.')
 
 
+def without_axis(spec: PartitionSpec, axis: str) -> PartitionSpec:
+  """`spec` with mesh axis `axis` dropped from every dimension."""
+  def drop(entry):
+    if isinstance(entry, tuple):
+      kept = tuple(a for a in entry if a != axis)
+      return kept if len(kept) > 1 else (kept[0] if kept else None)
+    return None if entry == axis else entry
+  return PartitionSpec(*(drop(entry) for entry in spec))
+
+
+def gathered(tree, axis: str = 'fsdp'):
+  """The arrays of `tree` resharded without `axis` (FSDP-sharded parameters
+  gathered whole, tensor-parallel splits kept): a decoding loop given these
+  gathers nothing at each token."""
+  def gather(x):
+    sharding = getattr(x, 'sharding', None)
+    if not isinstance(sharding, NamedSharding):
+      return x
+    return jax.device_put(x, NamedSharding(
+        sharding.mesh, without_axis(sharding.spec, axis)))
+  return jax.tree.map(gather, tree)
+
+
 def replicated(mesh: Mesh) -> NamedSharding:
   return NamedSharding(mesh, PartitionSpec())
 
