@@ -8,7 +8,6 @@ Shapes: `batch` b, query length t, key length s, heads n, head features h.
 import jax
 import jax.numpy as jnp
 from flax import linen as nn
-from jax.experimental.pallas.ops.tpu import splash_attention as splash
 from jax.sharding import PartitionSpec
 
 # Splash tiles lengths in blocks of multiples of the TPU's 128 lanes.
@@ -70,7 +69,10 @@ def _block(length: int) -> int:
 def _splash_kernel(heads: int, q_length: int, kv_length: int, causal: bool,
                    interpret: bool):
   """One head-batched splash kernel: (q [n, t, h], k, v [n, s, h],
-  SegmentIds) -> [n, t, h]; t and s multiples of 128."""
+  segment_ids=SegmentIds) -> [n, t, h]; t and s multiples of 128."""
+  # Imported here: Pallas' TPU modules take a while to load, and most
+  # programs never need them.
+  from jax.experimental.pallas.ops.tpu import splash_attention as splash
   shape = (q_length, kv_length)
   mask = splash.CausalMask(shape) if causal else splash.FullMask(shape)
   bq, bkv = _block(q_length), _block(kv_length)
@@ -111,13 +113,14 @@ def local_splash_attention(query, key, value, query_segment_ids,
   def pad_ids(ids, padded):
     return jnp.pad(ids.astype(jnp.int32), ((0, 0), (0, padded - ids.shape[1])))
 
+  from jax.experimental.pallas.ops.tpu.splash_attention import SegmentIds
   scale = jnp.asarray(head_dim ** -0.5, query.dtype)
   kernel = _splash_kernel(heads, tp, sp, causal, interpret)
   out = jax.vmap(kernel)(
       heads_first(query * scale, tp), heads_first(key, sp),
       heads_first(value, sp),
-      segment_ids=splash.SegmentIds(q=pad_ids(query_segment_ids, tp),
-                                    kv=pad_ids(key_segment_ids, sp)))
+      segment_ids=SegmentIds(q=pad_ids(query_segment_ids, tp),
+                             kv=pad_ids(key_segment_ids, sp)))
   return jnp.swapaxes(out, 1, 2)[:, :t]
 
 
