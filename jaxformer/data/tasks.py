@@ -249,17 +249,19 @@ def check_batch_shapes(config: ml_collections.ConfigDict, row_shards: int,
   multiple = row_multiple(config, row_shards)
   shapes = train_batch_shapes(config, row_shards)
   eval_rows = -(-int(config.data.batch_size) // process_count) * process_count
-  checks = [(rows, multiple, f'training batch {(rows, source, target)}')
-            for rows, source, target in shapes]
-  checks.append((eval_rows, row_shards, f'evaluation batch of {eval_rows} rows'))
-  for rows, needed, what in checks:
+  microbatches = (f'{row_shards} row shards (mesh.data x mesh.fsdp) x '
+                  f'{config.train.grad_accum_steps} microbatches '
+                  '(train.grad_accum_steps)')
+  checks = [(rows, multiple, f'training batch {(rows, source, target)}',
+             microbatches) for rows, source, target in shapes]
+  checks.append((eval_rows, row_shards, f'evaluation batch of {eval_rows} '
+                 'rows', f'{row_shards} row shards (mesh.data x mesh.fsdp)'))
+  for rows, needed, what, parts in checks:
     if rows % needed or rows % process_count:
       raise ValueError(
-          f'The {what} does not split into {row_shards} row shards (mesh.data '
-          f'x mesh.fsdp) x {config.train.grad_accum_steps} microbatches '
-          f'(train.grad_accum_steps) over {process_count} processes; make '
-          f'data.batch_size a multiple of {np.lcm(needed, process_count)} or '
-          'change the mesh.')
+          f'The {what} does not split into {parts} over {process_count} '
+          f'processes; make data.batch_size a multiple of '
+          f'{np.lcm(needed, process_count)} or change the mesh.')
   return shapes
 
 
