@@ -24,6 +24,7 @@ import numpy as np
 
 from jaxformer import parallel
 from jaxformer.model import ModelConfig
+from jaxformer.model.backend import ATTENTION_IMPLS
 from jaxformer.tasks import get_task
 from jaxformer.train import schedule as schedules
 from jaxformer.train.flops import training_flops_per_step
@@ -80,8 +81,9 @@ def main():
   parser.add_argument('--rows', type=int, default=0)
   parser.add_argument('--length', type=int, default=0,
                       help='source and target length')
-  parser.add_argument('--attention', choices=('einsum', 'fused'),
-                      default='einsum')
+  parser.add_argument('--attention', choices=ATTENTION_IMPLS, default='einsum',
+                      help="model.attention_impl ('auto': cuDNN on GPUs, "
+                      'splash on TPUs)')
   parser.add_argument('--remat', default='none')
   parser.add_argument('--scan', action='store_true')
   args = parser.parse_args()

@@ -8,6 +8,9 @@ steps, a few hours on a v4-8 or 8 H100/H200 GPUs (bf16).
   jaxformer average --workdir gs://BUCKET/base --last 5 --out gs://BUCKET/base-avg
 
 tfds downloads and prepares WMT14 on first use (set data.tfds.data_dir).
+
+The model computes in bfloat16 on GPUs and TPUs and in float32 on CPUs
+(model.dtype='auto'); `:bf16` or `:f32` after the file name fixes one.
 """
 from jaxformer.config import default_config
 from jaxformer.model import config as model_config
@@ -30,6 +33,9 @@ def get_config(arg: str = ''):
   config.eval.update(every=5000, bleu_examples=1000)
   config.decode.update(beam_size=4, alpha=0.6, max_extra_len=50)
   config.checkpoint.update(every=2500, keep=5, best_metric='bleu')
-  if arg == 'bf16':
-    config.model.dtype = 'bfloat16'
+  dtypes = {'': 'auto', 'bf16': 'bfloat16', 'f32': 'float32'}
+  if arg not in dtypes:
+    raise ValueError(f'{__file__}:{arg}: the argument is one of '
+                     f'{sorted(dtypes)} (the compute dtype).')
+  config.model.dtype = dtypes[arg]
   return config

@@ -174,6 +174,7 @@ def validate(config: ml_collections.ConfigDict) -> None:
   checks its own values), so mistakes surface before any work starts."""
   _check_keys(config, default_config(), 'config')
   model_config.from_config_dict(config.model)
+  _check_lengths_fit_model(config)
   choices = {'train.schedule': ('rsqrt', 'warmup_rsqrt', 'warmup_cosine'),
              'train.nan_policy': ('stop', 'skip'),
              'train.prng_impl': ('threefry2x32', 'rbg', 'unsafe_rbg'),
@@ -185,6 +186,22 @@ def validate(config: ml_collections.ConfigDict) -> None:
       value = value[name]
     if value not in allowed:
       raise ConfigError(f'{dotted}={value!r} is not one of {allowed}.')
+
+
+_LENGTH_KEYS = {'translation': ('max_source_length', 'max_target_length'),
+                'language_model': ('max_target_length',),
+                'classification': ('max_source_length',),
+                'regression': ('max_source_length',)}
+
+
+def _check_lengths_fit_model(config: ml_collections.ConfigDict) -> None:
+  """The task's data lengths must fit the model's position table."""
+  for key in _LENGTH_KEYS.get(config.task, ()):
+    if config.data[key] > config.model.max_len:
+      raise ConfigError(
+          f'data.{key}={config.data[key]} is above model.max_len='
+          f'{config.model.max_len}: positions past max_len have no '
+          f'embedding. Lower data.{key} or raise model.max_len.')
 
 
 def _check_keys(config, reference, where: str) -> None:

@@ -26,6 +26,7 @@ import jax.numpy as jnp
 import numpy as np
 from flax.core import meta
 
+from jaxformer.model.backend import cpu_decoding_tricks
 from jaxformer.model.config import ModelConfig
 from jaxformer.model.layers import FEW_ROWS, matmuls_by_transposed
 from jaxformer.model.transformer import DecoderLM, EncoderDecoder
@@ -266,9 +267,11 @@ def greedy_choice(logits: jax.Array, step=None) -> jax.Array:
   The halves are taken on the vocabulary-major view, the layout in which
   decoding on CPU computes logits (`layers.matmuls_by_transposed`). NaNs are
   ranked apart, so the result does not depend on how a max reduction treats
-  them.
+  them. Off the CPU (`backend.cpu_decoding_tricks`), plain `jnp.argmax`.
   """
   del step
+  if not cpu_decoding_tricks():
+    return jnp.argmax(logits, axis=-1).astype(jnp.int32)
   by_token = logits.T  # [v, b]
   best = by_token
   while best.shape[0] % 2 == 0 and best.shape[0] > 128:
@@ -368,7 +371,7 @@ def screens_greedy(config: ModelConfig, batch: int) -> bool:
   """Whether greedy decoding picks its tokens with `screened_argmax`: on CPU
   (where a decoding step is bound by memory traffic), for few rows, in
   float32, with the output layer tied to the embedding (so without bias)."""
-  return (jax.default_backend() == 'cpu' and batch <= FEW_ROWS
+  return (cpu_decoding_tricks() and batch <= FEW_ROWS
           and config.compute_dtype == jnp.float32
           and config.share_embeddings != 'none')
 
@@ -403,7 +406,7 @@ def default_batch_parts(inputs: jax.Array) -> int:
   one. No sentence's result depends on the rest of its batch, so the results
   are the same.
   """
-  if (isinstance(inputs, jax.core.Tracer) or jax.default_backend() != 'cpu'
+  if (isinstance(inputs, jax.core.Tracer) or not cpu_decoding_tricks()
       or jax.device_count() > 1):
     return 1
   return max(1, min(inputs.shape[0], _cpu_cores()))
@@ -532,12 +535,13 @@ def blocked_top_k(values: jax.Array, k: int, block: int = 64):
   """`jax.lax.top_k` over the last axis of [rows, n], ties included: the k
   largest lie in the k blocks with the largest maxima, so a sort of k * block
   candidates replaces one of n (XLA's CPU top-k is slow for beam * vocab).
+  Off the CPU (`backend.cpu_decoding_tricks`), plain `jax.lax.top_k`.
 
   Returns:
     ([rows, k] values, [rows, k] int32 indices), largest first.
   """
   rows, n = values.shape
-  if n <= k * block:
+  if n <= k * block or not cpu_decoding_tricks():
     return jax.lax.top_k(values, k)
   padded = jnp.pad(values, ((0, 0), (0, -n % block)),
                    constant_values=-jnp.inf)

@@ -149,6 +149,7 @@ def decode_split(params, model_config: ModelConfig,
   hypotheses: dict[int, str] = {}
   decode_len = min(model_config.max_len, config.data.max_target_length
                    + config.decode.max_extra_len)
+  params = parallel.gathered(params, 'fsdp')  # Once, not at every token.
   batch_rows = mesh.shape['data'] * mesh.shape['fsdp']
   batch_size = math.ceil(config.decode.batch_size / batch_rows) * batch_rows
   batches = pipeline.eval_batches(

@@ -84,6 +84,72 @@ def batch_sharding(mesh: Mesh) -> NamedSharding:
   return NamedSharding(mesh, BATCH_SPEC)
 
 
+def row_shards(mesh: Mesh) -> int:
+  """How many parts the batch axes split a batch's rows into (data x fsdp)."""
+  return int(np.prod([mesh.shape[axis] for axis in BATCH_SPEC[0]]))
+
+
+def check_process_rows(mesh: Mesh, process_of=lambda device: device.process_index
+                       ) -> None:
+  """Rejects a mesh on which processes cannot feed their own rows.
+
+  Each process reads its own contiguous share of every global batch (the
+  p-th of P equal blocks, see `global_batch`), so the devices of process p
+  must hold exactly the p-th block of row shards. A `tensor` axis (which
+  repeats rows) or batch axes laid out across processes in another order
+  would need rows from two processes on one device.
+
+  Args:
+    process_of: device -> process index (a parameter so that layouts of
+      several hosts can be checked from one).
+
+  Raises:
+    ValueError naming the mesh and what to change.
+  """
+  shards = row_shards(mesh)
+  by_process: dict[int, set[int]] = {}
+  for device, index in batch_sharding(mesh).devices_indices_map(
+      (shards,)).items():
+    by_process.setdefault(process_of(device), set()).add(index[0].start or 0)
+  per_process = shards // len(by_process) if shards % len(by_process) == 0 else 0
+  for rank, process in enumerate(sorted(by_process)):
+    expected = set(range(rank * per_process, (rank + 1) * per_process))
+    if by_process[process] != expected or not per_process:
+      sizes = dict(zip(mesh.axis_names, mesh.devices.shape))
+      raise ValueError(
+          f'mesh {sizes} over {len(by_process)} processes: process '
+          f'{process} would need rows of other processes (its devices hold '
+          f'row shards {sorted(by_process[process])} of {shards}, not block '
+          f'{rank} of {len(by_process)}). Each process feeds its own rows, so '
+          'the batch axes (mesh.data x mesh.fsdp) must split rows by '
+          'process: keep mesh.tensor (and any axis other than data/fsdp) '
+          'within one process, and make mesh.data x mesh.fsdp a multiple of '
+          'the process count.')
+
+
+def without_axis(spec: PartitionSpec, axis: str) -> PartitionSpec:
+  """`spec` with mesh axis `axis` dropped from every dimension."""
+  def drop(entry):
+    if isinstance(entry, tuple):
+      kept = tuple(a for a in entry if a != axis)
+      return kept if len(kept) > 1 else (kept[0] if kept else None)
+    return None if entry == axis else entry
+  return PartitionSpec(*(drop(entry) for entry in spec))
+
+
+def gathered(tree, axis: str = 'fsdp'):
+  """The arrays of `tree` resharded without `axis` (FSDP-sharded parameters
+  gathered whole, tensor-parallel splits kept): a decoding loop given these
+  gathers nothing at each token."""
+  def gather(x):
+    sharding = getattr(x, 'sharding', None)
+    if not isinstance(sharding, NamedSharding):
+      return x
+    return jax.device_put(x, NamedSharding(
+        sharding.mesh, without_axis(sharding.spec, axis)))
+  return jax.tree.map(gather, tree)
+
+
 def replicated(mesh: Mesh) -> NamedSharding:
   return NamedSharding(mesh, PartitionSpec())
 

@@ -564,3 +564,42 @@ def test_sampling_stops_at_eos():
   np.testing.assert_array_equal(tokens, expected)
   assert expected[0, -1] == 0
   assert_zero_after_eos(tokens, eos_id)
+
+
+def test_fsdp_parameters_are_gathered_once_not_at_every_token():
+  """Decoding with FSDP-sharded parameters communicates inside the token
+  loop; `parallel.gathered` (what `evaluate.decode_split` does first)
+  leaves the compiled search without any collective."""
+  from flax import linen as nn
+  from jaxformer import parallel
+  config, params = translation_model()
+  dummy = jnp.ones((1, 4), jnp.int32)
+  logical = nn.get_partition_spec(jax.eval_shape(
+      EncoderDecoder(config).init, jax.random.PRNGKey(0), dummy, dummy)
+                                  )['params']
+  mesh = parallel.make_mesh({'fsdp': 4}, jax.devices()[:4])
+  sharded = jax.device_put(params, parallel.logical_shardings(
+      logical, mesh, parallel.DEFAULT_AXIS_RULES))
+  inputs = random_sources(4, 6)
+
+  def loop_gathers(params):
+    """Collectives in the compiled search (XLA's CPU partitioner computes
+    on the parameter shards and all-reduces the products, token by token)."""
+    hlo = decode._greedy_decode.lower(
+        params, inputs, config, DECODE_LEN, decode.EOS_ID, False
+        ).compile().as_text()
+    return sum(hlo.count(f' {op}(') + hlo.count(f' {op}-start(') for op in (
+        'all-gather', 'all-reduce', 'reduce-scatter', 'collective-permute',
+        'all-to-all'))
+
+  assert any('fsdp' in str(x.sharding.spec) for x in jax.tree.leaves(sharded))
+  gathered = parallel.gathered(sharded)
+  assert not any('fsdp' in str(x.sharding.spec)
+                 for x in jax.tree.leaves(gathered))
+  assert loop_gathers(sharded) > 0
+  assert loop_gathers(gathered) == 0
+  np.testing.assert_array_equal(
+      decode.greedy_decode(gathered, config, inputs,
+                           max_decode_len=DECODE_LEN, batch_parts=1),
+      decode.greedy_decode(params, config, inputs,
+                           max_decode_len=DECODE_LEN, batch_parts=1))

@@ -15,10 +15,12 @@ function of (data, config, k) and every process computes the same global plan:
     share a row and a segment number); batch_size rows per global batch; the
     last batch of an epoch is completed with empty rows.
   * 'bucket': examples grouped by max(source, target) length into buckets of
-    `bucket_lengths(...)`; a batch of bucket width w has tokens_per_batch // w
-    rows, completed with empty rows to a multiple of the process count (so
-    the plan does not depend on the process count); the batches of an epoch
-    are shuffled; each bucket's last batch is completed with empty rows.
+    `bucket_lengths(...)`; a batch of bucket width w has the most rows within
+    tokens_per_batch that are a multiple of the row multiple (the mesh's row
+    shards and the microbatch count, `bucket_rows`), completed with empty
+    rows to a multiple of the process count (so the plan does not depend on
+    the process count); the batches of an epoch are shuffled; each bucket's
+    last batch is completed with empty rows.
 Each process builds only its own rows of every global batch, so all processes
 yield identical shapes at every step.
 
@@ -341,7 +343,9 @@ def _rows_per_process(global_rows: int, process_count: int, what: str) -> int:
 
 
 def _packed_dataset(examples: TokenizedSplit, data_config, start_step: int,
-                    process_index: int, process_count: int) -> tf.data.Dataset:
+                    process_index: int, process_count: int,
+                    row_multiple: int) -> tf.data.Dataset:
+  del row_multiple  # data.batch_size is the user's; see check_batch_shapes.
   batch_size = data_config.batch_size
   rows = _rows_per_process(batch_size, process_count, 'data.batch_size')
   max_source, max_target = data_config.max_source_length, data_config.max_target_length
@@ -386,6 +390,39 @@ def bucket_lengths(max_length: int) -> list[int]:
   return widths + [max_length]
 
 
+def bucket_rows(tokens_per_batch: int, widths, row_multiple: int = 1
+                ) -> np.ndarray:
+  """Global rows of each bucket's batches: the most rows of each width
+  within the token budget that are a multiple of `row_multiple` (at least
+  one multiple).
+
+  Args:
+    widths: [buckets] int; row_multiple: rows must divide into this many
+      equal parts (the mesh's row shards times the microbatches).
+
+  Returns:
+    [buckets] int.
+  """
+  if row_multiple < 1:
+    raise ValueError(f'row_multiple={row_multiple} must be at least 1.')
+  rows = tokens_per_batch // np.asarray(widths)
+  return np.maximum(rows // row_multiple * row_multiple, row_multiple)
+
+
+def batch_shapes(data_config: ml_collections.ConfigDict, row_multiple: int = 1
+                 ) -> list[tuple[int, int, int]]:
+  """Every global batch shape training can produce, as (rows, source width,
+  target width): one for 'pack', one per bucket for 'bucket' (see
+  `bucket_rows`)."""
+  max_source, max_target = data_config.max_source_length, data_config.max_target_length
+  if data_config.batching != 'bucket':
+    return [(int(data_config.batch_size), max_source, max_target)]
+  widths = bucket_lengths(max(max_source, max_target))
+  rows = bucket_rows(data_config.tokens_per_batch, widths, row_multiple)
+  return [(int(r), min(w, max_source), min(w, max_target))
+          for r, w in zip(rows, widths)]
+
+
 def _bucket_batches(example_buckets: np.ndarray, rows_per_bucket: np.ndarray
                     ) -> np.ndarray:
   """[batches, 3] (bucket, first, count) into the examples sorted by bucket."""
@@ -398,10 +435,11 @@ def _bucket_batches(example_buckets: np.ndarray, rows_per_bucket: np.ndarray
 
 
 def _bucketed_dataset(examples: TokenizedSplit, data_config, start_step: int,
-                      process_index: int, process_count: int) -> tf.data.Dataset:
+                      process_index: int, process_count: int,
+                      row_multiple: int) -> tf.data.Dataset:
   max_source, max_target = data_config.max_source_length, data_config.max_target_length
   widths = np.array(bucket_lengths(max(max_source, max_target)))
-  global_rows = np.maximum(data_config.tokens_per_batch // widths, 1)
+  global_rows = bucket_rows(data_config.tokens_per_batch, widths, row_multiple)
   example_buckets = np.searchsorted(
       widths, np.maximum(examples.source_lengths, examples.target_lengths))
   batch_table = _bucket_batches(example_buckets, global_rows)
@@ -458,14 +496,16 @@ def _as_numpy(dataset: tf.data.Dataset) -> Iterator[Batch]:
 def train_batches(data_config: ml_collections.ConfigDict,
                   source_tok: tokenizer_lib.Tokenizer,
                   target_tok: tokenizer_lib.Tokenizer, *, start_step: int = 0,
-                  process_index: int = 0, process_count: int = 1) -> Iterator[Batch]:
+                  process_index: int = 0, process_count: int = 1,
+                  row_multiple: int = 1) -> Iterator[Batch]:
   """This process's share of global batches start_step, start_step + 1, ...
 
-  Infinite and deterministic for a given config: batch k is the same whatever
-  start_step was.  'pack' batches are [batch_size // process_count,
-  max_*_length]; 'bucket' batches are [ceil(rows / process_count), width]
-  with rows = tokens_per_batch // width and width one of `bucket_lengths`
-  (capped by each side's max length), the same on every process at each step.
+  Infinite and deterministic for a given config and row_multiple: batch k
+  is the same whatever start_step was.  'pack' batches are [batch_size //
+  process_count, max_*_length]; 'bucket' batches are [ceil(rows /
+  process_count), width] with rows from `bucket_rows(tokens_per_batch,
+  widths, row_multiple)` and width one of `bucket_lengths` (capped by each
+  side's max length), the same on every process at each step.
 
   Yields:
     'inputs', 'inputs_segment_ids', 'inputs_positions' [rows, source_width]
@@ -482,7 +522,8 @@ def train_batches(data_config: ml_collections.ConfigDict,
   _hide_accelerators_from_tensorflow()
   examples = training_examples(data_config, source_tok, target_tok)
   dataset = builders[data_config.batching](examples, data_config, start_step,
-                                           process_index, process_count)
+                                           process_index, process_count,
+                                           row_multiple)
   return _as_numpy(dataset)
 
 

@@ -193,17 +193,76 @@ def row_eval_batches(rows: dict[str, np.ndarray], batch_size: int, *,
 def train_batches(config: ml_collections.ConfigDict,
                   source_tok: tokenizer_lib.Tokenizer,
                   target_tok: tokenizer_lib.Tokenizer, *, start_step: int = 0,
-                  process_index: int = 0, process_count: int = 1
-                  ) -> Iterator[Batch]:
-  """Training batches of `config.task`, from global batch `start_step` on."""
+                  process_index: int = 0, process_count: int = 1,
+                  row_multiple: int = 1) -> Iterator[Batch]:
+  """Training batches of `config.task`, from global batch `start_step` on;
+  'bucket' batches have a multiple of `row_multiple` rows, one example
+  each, and no '*_segment_ids' / '*_positions'."""
   if config.task == 'translation':
-    return pipeline.train_batches(
+    batches = pipeline.train_batches(
         config.data, source_tok, target_tok, start_step=start_step,
-        process_index=process_index, process_count=process_count)
+        process_index=process_index, process_count=process_count,
+        row_multiple=row_multiple)
+    if config.data.batching == 'bucket':
+      return map(_without_packing, batches)
+    return batches
   return row_train_batches(
       task_rows(config, 'train', source_tok), config.data.batch_size,
       config.data.seed, start_step=start_step, process_index=process_index,
       process_count=process_count)
+
+
+def _without_packing(batch: Batch) -> Batch:
+  """A batch of one example per row without its segment ids and positions,
+  which are the model's defaults: the model then knows the rows are not
+  packed (cuDNN flash attention takes such rows)."""
+  return {key: value for key, value in batch.items()
+          if not key.endswith(('_segment_ids', '_positions'))}
+
+
+def row_multiple(config: ml_collections.ConfigDict, row_shards: int) -> int:
+  """What every training batch's rows must be a multiple of: `row_shards`
+  (the mesh's data x fsdp) for each of train.grad_accum_steps microbatches,
+  so that each device splits its own rows into microbatches."""
+  return row_shards * int(config.train.grad_accum_steps)
+
+
+def train_batch_shapes(config: ml_collections.ConfigDict, row_shards: int = 1
+                       ) -> list[tuple[int, int, int]]:
+  """Every global training batch shape of `config` on a mesh of `row_shards`
+  row shards, as (rows, source width, target width)."""
+  if config.task == 'translation':
+    return pipeline.batch_shapes(config.data, row_multiple(config, row_shards))
+  return [(int(config.data.batch_size), config.data.max_source_length,
+           config.data.max_target_length)]
+
+
+def check_batch_shapes(config: ml_collections.ConfigDict, row_shards: int,
+                       process_count: int) -> list[tuple[int, int, int]]:
+  """Checks, before training starts, that every training batch shape and
+  the evaluation batch split evenly over the mesh's row shards, the
+  microbatches and the processes; returns the training shapes.
+
+  Raises:
+    ValueError naming the batch shape and the keys to change.
+  """
+  multiple = row_multiple(config, row_shards)
+  shapes = train_batch_shapes(config, row_shards)
+  eval_rows = -(-int(config.data.batch_size) // process_count) * process_count
+  microbatches = (f'{row_shards} row shards (mesh.data x mesh.fsdp) x '
+                  f'{config.train.grad_accum_steps} microbatches '
+                  '(train.grad_accum_steps)')
+  checks = [(rows, multiple, f'training batch {(rows, source, target)}',
+             microbatches) for rows, source, target in shapes]
+  checks.append((eval_rows, row_shards, f'evaluation batch of {eval_rows} '
+                 'rows', f'{row_shards} row shards (mesh.data x mesh.fsdp)'))
+  for rows, needed, what, parts in checks:
+    if rows % needed or rows % process_count:
+      raise ValueError(
+          f'The {what} does not split into {parts} over {process_count} '
+          f'processes; make data.batch_size a multiple of '
+          f'{np.lcm(needed, process_count)} or change the mesh.')
+  return shapes
 
 
 def eval_batches(config: ml_collections.ConfigDict,

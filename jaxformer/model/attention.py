@@ -1,12 +1,16 @@
 """Multi-head attention: self, causal self and cross attention, with masks for
-padding and packed sequences, an einsum and a fused path, and a decoding cache.
+padding and packed sequences, an einsum path and kernel paths (`kernels`,
+chosen by `backend.attention_kernel`), and a decoding cache.
 
 Shapes: `batch` b, query length t, key length s, heads n, head features h.
 """
 import jax
 import jax.numpy as jnp
 from flax import linen as nn
+from flax import struct
 
+from jaxformer.model import backend, kernels
+from jaxformer.model.backend import cpu_decoding_tricks
 from jaxformer.model.config import ModelConfig
 from jaxformer.model.layers import Linear, apply_linears
 
@@ -31,6 +35,31 @@ def attention_mask(query_segment_ids: jax.Array, key_segment_ids: jax.Array,
     k_index = jnp.arange(key_segment_ids.shape[1])[None, :]
     mask &= (k_index <= q_index)[None]
   return mask[:, None]
+
+
+@struct.dataclass
+class Segments:
+  """Which keys each query may attend to, as segment ids rather than a
+  dense mask, so that kernels which take ids or lengths can use them.
+
+  query: [batch, t] int; key: [batch, s] int (0 = padding, equal non-zero
+  ids = one example). causal: keys after the query are masked too. packed:
+  whether rows may hold several examples (the caller passed segment ids);
+  False promises one example per row, tokens then padding.
+  """
+  query: jax.Array
+  key: jax.Array
+  causal: bool = struct.field(pytree_node=False, default=False)
+  packed: bool = struct.field(pytree_node=False, default=True)
+
+  def dense(self) -> jax.Array:
+    """[batch, 1, t, s] bool, see `attention_mask`."""
+    return attention_mask(self.query, self.key, self.causal)
+
+
+def dense_mask(mask) -> jax.Array:
+  """A `Segments` or a bool mask -> bool, broadcastable to [batch, n, t, s]."""
+  return mask.dense() if isinstance(mask, Segments) else mask
 
 
 def _masked_value(dtype) -> float:
@@ -131,7 +160,8 @@ def prefix_attention(query, key_t, value, mask, filled,
   Each branch copies its prefix of the cache before its matmuls, which only
   pays on long caches: by default one bucket per 64 slots, at most four
   (measured on CPU: a 64-slot greedy cache is fastest read whole, a 256-slot
-  beam cache in four buckets).
+  beam cache in four buckets). Off the CPU (`backend.cpu_decoding_tricks`)
+  the whole cache is read.
 
   Args:
     query, key_t, value, mask: as in `shared_key_attention`; slots at or
@@ -144,7 +174,7 @@ def prefix_attention(query, key_t, value, mask, filled,
   """
   slots = value.shape[2]
   if buckets is None:
-    buckets = min(4, slots // 64)
+    buckets = min(4, slots // 64) if cpu_decoding_tricks() else 1
   if buckets <= 1:
     return shared_key_attention(query, key_t, value, mask)
   sizes = sorted({-(-slots * (j + 1) // buckets) for j in range(buckets)})
@@ -162,12 +192,41 @@ def prefix_attention(query, key_t, value, mask, filled,
 
 
 def fused_attention(query, key, value, mask):
-  """`jax.nn.dot_product_attention`: cuDNN flash attention on GPUs when the
-  shapes and dtype allow it, XLA's fused softmax elsewhere. Same signature and
-  result as `einsum_attention` without dropout and weights."""
-  mask = jnp.broadcast_to(
-      mask, (query.shape[0], 1, query.shape[1], key.shape[1]))
-  return jax.nn.dot_product_attention(query, key, value, mask=mask)
+  """`jax.nn.dot_product_attention` with XLA's fused softmax (no flash
+  tiling): `einsum_attention` without dropout and weights."""
+  return kernels.xla_attention(query, key, value, dense_mask(mask))
+
+
+def kernel_attention(kernel: str, query, key, value, mask, platform: str):
+  """The kernel path `kernel` ('fused', 'cudnn' or 'splash', see
+  `backend.attention_kernel`), or the einsums where it cannot take `mask`
+  (saying why, once).
+
+  Args:
+    query: [batch, t, n, h]; key, value: [batch, s, n, h].
+    mask: `Segments`, or a bool mask (dense: only 'fused' takes it).
+
+  Returns:
+    [batch, t, n, h] in query's dtype.
+  """
+  if kernel == 'fused':
+    return fused_attention(query, key, value, mask)
+  reason = None
+  if not isinstance(mask, Segments):
+    reason = 'it was given a dense mask, not segment ids'
+  elif kernel == 'cudnn' and mask.packed:
+    reason = ("cuDNN's flash attention takes sequence lengths, not segment "
+              'ids, and these rows may hold packed examples (pass no segment '
+              "ids for unpacked rows, as 'bucket' batching does)")
+  if reason is not None:
+    backend.log_once(f'{kernel} attention falls back to the einsum path: '
+                     f'{reason}.')
+    return einsum_attention(query, key, value, dense_mask(mask))[0]
+  if kernel == 'cudnn':
+    return kernels.cudnn_attention(query, key, value, mask.query, mask.key,
+                                   mask.causal)
+  return kernels.splash_attention(query, key, value, mask.query, mask.key,
+                                  mask.causal, interpret=platform != 'tpu')
 
 
 class MultiHeadAttention(nn.Module):
@@ -222,7 +281,8 @@ class MultiHeadAttention(nn.Module):
       query, = self._project(query_inputs, ['query'])
       if self.decode:
         key_t, value = self._cross_cache(kv_inputs)
-        out, weights = shared_key_attention(query, key_t, value, mask)
+        out, weights = shared_key_attention(query, key_t, value,
+                                            dense_mask(mask))
       else:
         key, value = self._project(kv_inputs, ['key', 'value'])
         out, weights = self._attend(query, key, value, mask)
@@ -246,15 +306,26 @@ class MultiHeadAttention(nn.Module):
                   use_bias=cfg.use_bias, name='out')(out)
 
   def _attend(self, query, key, value, mask):
-    """The configured attention path, with attention dropout when training.
-    -> (out [batch, t, n, h], weights [batch, n, t, s] or None if fused)."""
+    """The configured attention path, with attention dropout when training
+    (einsum only: the kernels do not return the weights it drops).
+    -> (out [batch, t, n, h], weights [batch, n, t, s] or None for a
+    kernel)."""
     cfg = self.config
     dropout_rng = None
     if not self.deterministic and cfg.attention_dropout > 0:
       dropout_rng = self.make_rng('dropout')
-    if cfg.attention_impl == 'fused' and dropout_rng is None:
-      return fused_attention(query, key, value, mask), None
-    return einsum_attention(query, key, value, mask,
+    platform = backend.platform()
+    kernel = backend.attention_kernel(cfg.attention_impl, platform,
+                                      cfg.compute_dtype)
+    if kernel != 'einsum' and dropout_rng is not None:
+      backend.log_once(
+          f'model.attention_dropout={cfg.attention_dropout} runs attention '
+          f'on the einsum path, not {kernel}: the kernels do not expose the '
+          'weights that dropout drops.')
+      kernel = 'einsum'
+    if kernel != 'einsum':
+      return kernel_attention(kernel, query, key, value, mask, platform), None
+    return einsum_attention(query, key, value, dense_mask(mask),
                             dropout_rate=cfg.attention_dropout,
                             dropout_rng=dropout_rng)
 

@@ -8,13 +8,16 @@ from typing import Any
 import jax.numpy as jnp
 import ml_collections
 
+from jaxformer.model import backend
+from jaxformer.model.backend import ATTENTION_IMPLS
+
 CHOICES = {
     'share_embeddings': ('all', 'target', 'none'),
     'norm_position': ('post', 'pre'),
     'activation': ('relu', 'gelu'),
     'position_embedding': ('sinusoidal', 'learned'),
-    'dtype': ('float32', 'bfloat16'),
-    'attention_impl': ('einsum', 'fused'),
+    'dtype': ('float32', 'bfloat16', 'auto'),
+    'attention_impl': ATTENTION_IMPLS,
     'pooling': ('first', 'mean'),
     'remat_policy': ('none', 'full', 'dots', 'dots_with_no_batch_dims'),
 }
@@ -47,8 +50,8 @@ class ModelConfig:
   ffn_dropout: float = 0.0
   layer_norm_epsilon: float = 1e-6
   use_bias: bool = True
-  dtype: str = 'float32'
-  attention_impl: str = 'einsum'
+  dtype: str = 'float32'  # 'auto': see backend.compute_dtype.
+  attention_impl: str = 'auto'  # See backend.attention_kernel.
   scan_layers: bool = False
   remat_policy: str = 'none'
   # Encoder-only heads.
@@ -81,7 +84,8 @@ class ModelConfig:
 
   @property
   def compute_dtype(self) -> Any:
-    return jnp.dtype(self.dtype)
+    """The activations' dtype; read while tracing (for 'auto')."""
+    return backend.compute_dtype(self.dtype)
 
   def replace(self, **changes) -> 'ModelConfig':
     return dataclasses.replace(self, **changes)

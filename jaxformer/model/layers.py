@@ -8,6 +8,7 @@ import jax.numpy as jnp
 import numpy as np
 from flax import linen as nn
 
+from jaxformer.model.backend import cpu_decoding_tricks
 from jaxformer.model.config import ModelConfig
 
 
@@ -42,11 +43,12 @@ def matmuls_by_transposed(x: jax.Array, kernels, preferred_element_type=None
   product itself, and one product streams the weights from memory faster
   than several small ones. The barriers keep XLA from folding the transposes
   back into the usual form; inside a decoding loop, XLA stacks the kernels
-  once, before the loop.
+  once, before the loop. Off the CPU (`backend.cpu_decoding_tricks`), the
+  usual products.
   """
   leading, features = x.shape[:-1], x.shape[-1]
   rows = int(np.prod(leading))
-  if rows > FEW_ROWS or jax.default_backend() != 'cpu':
+  if rows > FEW_ROWS or not cpu_decoding_tricks():
     return [jnp.einsum('...i,oi->...o', x, kernel,
                        preferred_element_type=preferred_element_type)
             for kernel in kernels]

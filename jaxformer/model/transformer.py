@@ -10,7 +10,7 @@ import jax.numpy as jnp
 from flax import linen as nn
 
 from jaxformer.model import layers
-from jaxformer.model.attention import MultiHeadAttention, attention_mask
+from jaxformer.model.attention import MultiHeadAttention, Segments
 from jaxformer.model.config import ModelConfig
 
 REMAT_POLICIES = {
@@ -52,7 +52,8 @@ class EncoderLayer(nn.Module):
 
   @nn.compact
   def __call__(self, x, mask):
-    """x: [batch, s, d_model]; mask: [batch, 1, s, s]. Returns (x, None)."""
+    """x: [batch, s, d_model]; mask: `Segments` [batch, s] x [batch, s].
+    Returns (x, None)."""
     cfg, det = self.config, self.deterministic
     drop = nn.Dropout(cfg.residual_dropout)
     attend = MultiHeadAttention(cfg, 'self', det, name='self_attention')
@@ -74,9 +75,10 @@ class DecoderLayer(nn.Module):
 
   @nn.compact
   def __call__(self, x, self_mask, encoded, cross_mask):
-    """x: [batch, t, d_model]; self_mask: [batch, 1, t, t];
-    encoded: [batch, s, d_model] (None for decoder-only, or once the decode
-    cache exists); cross_mask: [batch, 1, t|1, s]. Returns (x, None)."""
+    """x: [batch, t, d_model]; self_mask: `Segments` [batch, t] x [batch,
+    t], causal; encoded: [batch, s, d_model] (None for decoder-only, or once
+    the decode cache exists); cross_mask: `Segments` [batch, t|1] x [batch,
+    s]. Returns (x, None)."""
     cfg, det = self.config, self.deterministic
     drop = nn.Dropout(cfg.residual_dropout)
     self_attend = MultiHeadAttention(cfg, 'causal', det, self.decode,
@@ -128,12 +130,13 @@ class Encoder(nn.Module):
   deterministic: bool = True
 
   @nn.compact
-  def __call__(self, inputs, segment_ids, positions):
-    """inputs, segment_ids, positions: [batch, s] int -> [batch, s, d_model]."""
+  def __call__(self, inputs, segment_ids, positions, packed=True):
+    """inputs, segment_ids, positions: [batch, s] int -> [batch, s, d_model].
+    packed=False promises one example per row (see `Segments`)."""
     cfg = self.config
     x = layers.AddPositions(cfg, name='positions')(self.embed(inputs), positions)
     x = nn.Dropout(cfg.embedding_dropout)(x, deterministic=self.deterministic)
-    mask = attention_mask(segment_ids, segment_ids, causal=False)
+    mask = Segments(segment_ids, segment_ids, causal=False, packed=packed)
     x = stack_layers(EncoderLayer, cfg, cfg.num_encoder_layers,
                      deterministic=self.deterministic)(constrain(x), mask)
     if cfg.norm_position == 'pre':
@@ -151,7 +154,7 @@ class Decoder(nn.Module):
 
   @nn.compact
   def __call__(self, decoder_inputs, segment_ids, positions, encoded=None,
-               encoder_segment_ids=None, output_fn=None):
+               encoder_segment_ids=None, output_fn=None, packed=True):
     """Logits for the next token at every decoder position.
 
     Args:
@@ -163,6 +166,8 @@ class Decoder(nn.Module):
         last hidden states [batch, t, d_model] and the output layer, kernel
         [vocab, d_model] and bias [vocab] (None when tied to the embedding),
         in the compute dtype: `output_fn(x, kernel, bias)`.
+      packed: False promises one example per row, in the decoder and the
+        encoder (see `Segments`).
 
     Returns:
       [batch, t, vocab] float32, or output_fn's result.
@@ -171,11 +176,11 @@ class Decoder(nn.Module):
     x = layers.AddPositions(cfg, name='positions')(
         self.embed(decoder_inputs), positions)
     x = nn.Dropout(cfg.embedding_dropout)(x, deterministic=self.deterministic)
-    self_mask = attention_mask(segment_ids, segment_ids, causal=True)
+    self_mask = Segments(segment_ids, segment_ids, causal=True, packed=packed)
     cross_mask = None
     if self.cross:
-      cross_mask = attention_mask(segment_ids, encoder_segment_ids,
-                                  causal=False)
+      cross_mask = Segments(segment_ids, encoder_segment_ids, causal=False,
+                            packed=packed)
     x = stack_layers(DecoderLayer, cfg, cfg.num_decoder_layers,
                      deterministic=self.deterministic, decode=self.decode,
                      cross=self.cross)(constrain(x), self_mask, encoded,
@@ -219,17 +224,20 @@ class EncoderDecoder(nn.Module):
                            self.decode)
 
   def encode(self, inputs, inputs_segment_ids=None, inputs_positions=None):
-    """[batch, s] int -> [batch, s, d_model]."""
+    """[batch, s] int -> [batch, s, d_model]. Without segment ids, rows are
+    single examples (which lets cuDNN attention take them)."""
+    packed = inputs_segment_ids is not None
     segment_ids, positions = default_segments(inputs, inputs_segment_ids,
                                               inputs_positions)
-    return self.encoder(inputs, segment_ids, positions)
+    return self.encoder(inputs, segment_ids, positions, packed)
 
   def decode_logits(self, encoded, inputs_segment_ids, decoder_inputs,
-                    targets_segment_ids, targets_positions, output_fn=None):
+                    targets_segment_ids, targets_positions, output_fn=None,
+                    packed=True):
     """Decoder logits [batch, t, vocab] for already shifted decoder inputs
     (or `output_fn`'s result, see `Decoder`)."""
     return self.decoder(decoder_inputs, targets_segment_ids, targets_positions,
-                        encoded, inputs_segment_ids, output_fn)
+                        encoded, inputs_segment_ids, output_fn, packed)
 
   def __call__(self, inputs, targets, inputs_segment_ids=None,
                inputs_positions=None, targets_segment_ids=None,
@@ -242,15 +250,19 @@ class EncoderDecoder(nn.Module):
 
     Returns:
       [batch, t, vocab] float32: logits for targets[:, i] given targets[:, :i].
+      Without segment ids, rows are single examples (see `encode`).
     """
+    packed = (inputs_segment_ids is not None
+              or targets_segment_ids is not None)
     inputs_segment_ids, inputs_positions = default_segments(
         inputs, inputs_segment_ids, inputs_positions)
     targets_segment_ids, targets_positions = default_segments(
         targets, targets_segment_ids, targets_positions)
-    encoded = self.encode(inputs, inputs_segment_ids, inputs_positions)
+    encoded = self.encoder(inputs, inputs_segment_ids, inputs_positions,
+                           packed)
     return self.decode_logits(
         encoded, inputs_segment_ids, shift_right(targets, targets_segment_ids),
-        targets_segment_ids, targets_positions)
+        targets_segment_ids, targets_positions, packed=packed)
 
 
 class DecoderLM(nn.Module):
@@ -272,10 +284,11 @@ class DecoderLM(nn.Module):
                targets_positions=None):
     """[batch, t] int -> [batch, t, vocab]: logits for targets[:, i] given
     targets[:, :i]."""
+    packed = targets_segment_ids is not None
     segment_ids, positions = default_segments(targets, targets_segment_ids,
                                               targets_positions)
     return self.decoder(shift_right(targets, segment_ids), segment_ids,
-                        positions)
+                        positions, packed=packed)
 
 
 def pool(x: jax.Array, segment_ids: jax.Array, pooling: str) -> jax.Array:
@@ -295,11 +308,12 @@ class PooledEncoder(nn.Module):
   @nn.compact
   def __call__(self, inputs, inputs_segment_ids=None, inputs_positions=None):
     """[batch, s] int -> [batch, d_model] (compute dtype)."""
+    packed = inputs_segment_ids is not None
     segment_ids, positions = default_segments(inputs, inputs_segment_ids,
                                               inputs_positions)
     embed = layers.Embed(self.config.vocab_size, self.config, name='embed')
     x = Encoder(self.config, embed, self.deterministic, name='encoder')(
-        inputs, segment_ids, positions)
+        inputs, segment_ids, positions, packed)
     return pool(x, segment_ids, self.config.pooling)
 
 

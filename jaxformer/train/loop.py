@@ -138,6 +138,10 @@ class Trainer:
     self.mesh = parallel.make_mesh(
         {axis: self.config.mesh[axis] for axis in parallel.MESH_AXES})
     self.rules = parallel.axis_rules(self.config.mesh.axis_rules)
+    # Layout and batch shapes are checked now, not hours in at a first use.
+    parallel.check_process_rows(self.mesh)
+    data_tasks.check_batch_shapes(self.config, parallel.row_shards(self.mesh),
+                                  jax.process_count())
     train = self.config.train
     self.schedule = schedules.make_schedule(train, self.model_config.d_model)
     self.tx = schedules.make_optimizer(train, self.schedule)
@@ -169,7 +173,9 @@ class Trainer:
     shardings = jax.tree.map(lambda x: x.sharding, state)
     batches = data_tasks.train_batches(
         config, self.source_tok, self.target_tok, start_step=start_step,
-        process_index=jax.process_index(), process_count=jax.process_count())
+        process_index=jax.process_index(), process_count=jax.process_count(),
+        row_multiple=data_tasks.row_multiple(config,
+                                             parallel.row_shards(self.mesh)))
     writer = MetricsWriter(self.workdir, enabled=self.is_main)
     progress = Progress(train.num_steps, start_step, enabled=self.is_main)
     peak_flops = train.peak_flops or measure_peak_flops()

@@ -35,9 +35,14 @@ def _select(pred, on_true, on_false):
 
 def train_step(state: TrainState, batch: dict[str, jax.Array], *, task, model,
                tx: optax.GradientTransformation, schedule: optax.Schedule,
-               label_smoothing: float, grad_accum_steps: int, prng_impl: str
+               label_smoothing: float, grad_accum_steps: int, prng_impl: str,
+               param_shardings: Any = None
                ) -> tuple[TrainState, dict[str, jax.Array]]:
   """One optimizer update from a global batch.
+
+  With several microbatches, the gradient sums carried between them are
+  kept in `param_shardings` (the parameters' shardings, when given): under
+  FSDP each device then holds only its shard of the sums.
 
   The loss is summed over real tokens (or examples) of every microbatch and
   divided once by their global count, so k microbatches give the update of
@@ -62,11 +67,17 @@ def train_step(state: TrainState, batch: dict[str, jax.Array], *, task, model,
       index, micro_batch = inputs
       sums, grads = sums_and_grads(micro_batch,
                                    jax.random.fold_in(step_key, index))
-      return jax.tree.map(jnp.add, carry, (sums, grads)), None
-    zeros = jax.tree.map(
+      return constrain(jax.tree.map(jnp.add, carry, (sums, grads))), None
+
+    def constrain(carry):
+      if param_shardings is None:
+        return carry
+      sums, grads = carry
+      return sums, jax.lax.with_sharding_constraint(grads, param_shardings)
+    zeros = constrain(jax.tree.map(
         jnp.zeros_like,
         jax.eval_shape(sums_and_grads, jax.tree.map(
-            lambda x: x[0], _microbatches(batch, grad_accum_steps)), step_key))
+            lambda x: x[0], _microbatches(batch, grad_accum_steps)), step_key)))
     (sums, grads), _ = jax.lax.scan(
         accumulate, zeros,
         (jnp.arange(grad_accum_steps), _microbatches(batch, grad_accum_steps)))
@@ -100,7 +111,8 @@ def compile_train_step(mesh: Mesh, shardings: TrainState, **step_kwargs):
   donated, batch is split over the batch axes, metrics are replicated.
   Call it inside `parallel.activate(mesh, rules)`."""
   return jax.jit(
-      functools.partial(train_step, **step_kwargs),
+      functools.partial(train_step, param_shardings=shardings.params,
+                        **step_kwargs),
       in_shardings=(shardings, parallel.batch_sharding(mesh)),
       out_shardings=(shardings, parallel.replicated(mesh)),
       donate_argnums=(0,))

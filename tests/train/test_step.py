@@ -171,3 +171,62 @@ def test_scanned_layers_give_the_plain_loss_and_gradients(remat_policy):
   scanned_loss, scanned_grads = loss_and_grads(scanned, stack_layers(params))
   np.testing.assert_allclose(scanned_loss, plain_loss, rtol=1e-5)
   assert_params_close(scanned_grads, stack_layers(plain_grads), atol=1e-5)
+
+
+def accumulating_fsdp_step_jaxpr(grad_accum_steps=2):
+  """(the traced jaxpr of an accumulating step on an fsdp=4 mesh, the
+  number of parameter arrays)."""
+  mesh = parallel.make_mesh({'fsdp': 4}, jax.devices()[:4])
+  rules = parallel.DEFAULT_AXIS_RULES
+  task = get_task('translation')
+  schedule = schedules.make_schedule(TRAIN, 32)
+  tx = schedules.make_optimizer(TRAIN, schedule)
+  batch = toy_batches(1, rows=8)[0]
+  state = create_train_state(task, task.model(tiny_model()), tx, batch, mesh,
+                             rules, seed=0)
+  shardings = jax.tree.map(lambda x: x.sharding, state)
+  with parallel.activate(mesh, rules):
+    step = compile_train_step(
+        mesh, shardings, task=task, model=task.model(tiny_model()), tx=tx,
+        schedule=schedule, label_smoothing=0.1,
+        grad_accum_steps=grad_accum_steps, prng_impl='threefry2x32')
+    traced = step.trace(state, parallel.global_batch(batch, mesh))
+  return traced.jaxpr, shardings.params
+
+
+def test_gradient_accumulation_carry_is_sharded_like_the_parameters():
+  """The gradient sums carried between microbatches enter the loop, and
+  leave each iteration, through sharding constraints to the parameters'
+  own shardings (under FSDP: each device holds its shard of the sums)."""
+  jaxpr, param_shardings = accumulating_fsdp_step_jaxpr()
+  inner = next(e for e in jaxpr.eqns if e.primitive.name == 'pjit'
+               ).params['jaxpr'].jaxpr if any(
+                   e.primitive.name == 'pjit' for e in jaxpr.eqns) else jaxpr
+  specs = sorted(str(s.spec) for s in jax.tree.leaves(param_shardings))
+
+  def constrained(eqns):
+    """vars made by sharding constraints -> their specs."""
+    return {out: str(e.params['sharding'].spec) for e in eqns
+            if e.primitive.name == 'sharding_constraint' for out in e.outvars}
+
+  def variables(atoms):
+    return [v for v in atoms if type(v).__name__ != 'Literal']
+
+  scan = next(e for e in inner.eqns if e.primitive.name == 'scan')
+  made = constrained(inner.eqns)
+  num_consts = scan.params['num_consts']
+  init = scan.invars[num_consts:num_consts + scan.params['num_carry']]
+  assert sorted(made[v] for v in variables(init) if v in made) == specs
+  body = scan.params['jaxpr'].jaxpr
+  carried_out = body.outvars[:scan.params['num_carry']]
+  made = constrained(body.eqns)
+  assert sorted(made[v] for v in variables(carried_out) if v in made) == specs
+  assert any('fsdp' in spec for spec in specs)
+
+
+def test_gradient_accumulation_under_fsdp_equals_a_larger_batch(
+    single_device_run):
+  losses, params = run_steps(tiny_model(), {'data': 2, 'fsdp': 4}, 8,
+                             toy_batches(STEPS), grad_accum_steps=2)
+  np.testing.assert_allclose(losses, single_device_run[0], rtol=1e-5)
+  assert_params_close(params, single_device_run[1], atol=ADAM_ATOL)

@@ -1,0 +1,163 @@
+"""The attention kernels against the einsums: the Pallas splash kernel in
+interpret mode (the TPU kernel's own code, run on CPU), sharded and not, and
+the whole model with attention_impl='splash'; the backend policy's choices;
+cuDNN where a GPU is present."""
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from jax.sharding import PartitionSpec
+
+from jaxformer import parallel
+from jaxformer.model import EncoderDecoder, ModelConfig, backend, kernels
+from jaxformer.model.attention import attention_mask, einsum_attention
+
+TOLERANCE = {jnp.float32: 2e-5, jnp.bfloat16: 3e-2}
+
+# [batch 2, length 24]: suffix padding, and two packed examples + padding.
+PADDED = np.array([[1] * 24, [1] * 17 + [0] * 7], np.int32)
+PACKED = np.array([[1] * 10 + [2] * 14, [1] * 5 + [2] * 9 + [3] * 6 + [0] * 4],
+                  np.int32)
+
+
+def qkv(dtype, t=24, s=24, heads=2, head_dim=32, seed=0):
+  keys = jax.random.split(jax.random.PRNGKey(seed), 3)
+  return tuple(jax.random.normal(k, (2, n, heads, head_dim)).astype(dtype)
+               for k, n in zip(keys, (t, s, s)))
+
+
+def einsum_out(q, k, v, q_ids, k_ids, causal):
+  return einsum_attention(q, k, v, attention_mask(q_ids, k_ids, causal))[0]
+
+
+def loss_fn(attend, q_ids):
+  """A loss over real query positions only, with fixed random weights."""
+  def loss(q, k, v):
+    out = attend(q, k, v).astype(jnp.float32)
+    weights = jax.random.normal(jax.random.PRNGKey(1), out.shape)
+    return jnp.sum(out * weights * (q_ids != 0)[:, :, None, None])
+  return loss
+
+
+def assert_close(actual, expected, q_ids, tolerance):
+  real = np.asarray(q_ids) != 0
+  actual = np.asarray(actual, np.float32)[real]
+  expected = np.asarray(expected, np.float32)[real]
+  scale = max(1.0, float(np.abs(expected).max()))
+  np.testing.assert_allclose(actual, expected, atol=tolerance * scale,
+                             rtol=tolerance)
+
+
+# Interpret mode is slow: every layout in float32, two in bfloat16.
+@pytest.mark.parametrize('ids, causal, dtype', [
+    (PADDED, False, jnp.float32), (PADDED, True, jnp.float32),
+    (PACKED, False, jnp.float32), (PACKED, True, jnp.float32),
+    (PADDED, False, jnp.bfloat16), (PACKED, True, jnp.bfloat16)],
+    ids=['padded-f32', 'padded-causal-f32', 'packed-f32', 'packed-causal-f32',
+         'padded-bf16', 'packed-causal-bf16'])
+def test_splash_equals_einsum_forward_and_gradients(ids, causal, dtype):
+  q, k, v = qkv(dtype)
+  ids = jnp.asarray(ids)
+
+  def splash(q, k, v):
+    return kernels.local_splash_attention(q, k, v, ids, ids, causal,
+                                          interpret=True)
+
+  def einsum(q, k, v):
+    return einsum_out(q, k, v, ids, ids, causal)
+
+  tolerance = TOLERANCE[dtype]
+  assert_close(jax.jit(splash)(q, k, v), jax.jit(einsum)(q, k, v), ids,
+               tolerance)
+  splash_grads = jax.jit(jax.grad(loss_fn(splash, ids), (0, 1, 2)))(q, k, v)
+  einsum_grads = jax.jit(jax.grad(loss_fn(einsum, ids), (0, 1, 2)))(q, k, v)
+  for name, got, want in zip('qkv', splash_grads, einsum_grads):
+    assert np.isfinite(np.asarray(got, np.float32)).all(), name
+    # dq per query position; dk, dv per key position (all keys count).
+    rows = ids if name == 'q' else jnp.ones_like(ids)
+    assert_close(got, want, rows, 4 * tolerance)
+
+
+def test_splash_cross_attention_of_other_length_equals_einsum():
+  q, k, v = qkv(jnp.float32, t=8, s=136)
+  q_ids = jnp.array([[1] * 8, [1] * 5 + [0] * 3])
+  k_ids = jnp.array([[1] * 136, [1] * 100 + [0] * 36])
+  got = kernels.local_splash_attention(q, k, v, q_ids, k_ids, False,
+                                       interpret=True)
+  assert got.shape == q.shape
+  assert_close(got, einsum_out(q, k, v, q_ids, k_ids, False), q_ids, 2e-5)
+
+
+def test_sharded_splash_equals_einsum_on_a_data_by_tensor_mesh():
+  """Rows over `data`, heads over `tensor`: shard_map hands each device its
+  own rows and heads."""
+  mesh = parallel.make_mesh({'data': 2, 'tensor': 2}, jax.devices()[:4])
+  q, k, v = qkv(jnp.float32)
+  ids = jnp.asarray(PACKED)
+  with parallel.activate(mesh, parallel.DEFAULT_AXIS_RULES):
+    got = jax.jit(lambda q, k, v: kernels.splash_attention(
+        q, k, v, ids, ids, True, interpret=True))(q, k, v)
+    text = jax.jit(lambda q, k, v: kernels.splash_attention(
+        q, k, v, ids, ids, True, interpret=True)).lower(q, k, v).as_text()
+  assert 'shard_map' in text or 'manual' in text
+  assert_close(got, einsum_out(q, k, v, ids, ids, True), ids, 2e-5)
+
+
+def test_model_with_splash_attention_equals_einsum_model():
+  config = ModelConfig(vocab_size=32, d_model=64, num_heads=2, d_ff=64,
+                       num_encoder_layers=1, num_decoder_layers=1)
+  inputs = jnp.array([[5, 6, 7, 8, 1, 0], [9, 10, 1, 0, 0, 0]])
+  targets = jnp.array([[11, 12, 1, 0], [13, 14, 15, 1]])
+  model = EncoderDecoder(config.replace(attention_impl='einsum'))
+  params = model.init(jax.random.PRNGKey(0), inputs, targets)
+  splash = EncoderDecoder(config.replace(attention_impl='splash'))
+  got = jax.jit(splash.apply)(params, inputs, targets)
+  want = jax.jit(model.apply)(params, inputs, targets)
+  real = np.asarray(targets) != 0
+  np.testing.assert_allclose(np.asarray(got)[real], np.asarray(want)[real],
+                             atol=1e-4)
+
+
+@pytest.mark.parametrize('platform, dtype, expected', [
+    ('cpu', jnp.float32, 'einsum'), ('cpu', jnp.bfloat16, 'einsum'),
+    ('gpu', jnp.bfloat16, 'cudnn'), ('gpu', jnp.float16, 'cudnn'),
+    ('gpu', jnp.float32, 'einsum'),
+    ('tpu', jnp.float32, 'splash'), ('tpu', jnp.bfloat16, 'splash')])
+def test_auto_attention_per_platform(platform, dtype, expected):
+  assert backend.attention_kernel('auto', platform, dtype) == expected
+  for impl in ('einsum', 'fused', 'cudnn', 'splash'):
+    assert backend.attention_kernel(impl, platform, dtype) == impl
+
+
+def test_unknown_attention_impl_is_an_error_naming_the_key():
+  with pytest.raises(ValueError, match='model.attention_impl'):
+    backend.attention_kernel('flash', 'cpu', jnp.float32)
+
+
+@pytest.mark.parametrize('platform, expected', [
+    ('cpu', True), ('gpu', False), ('tpu', False)])
+def test_cpu_decoding_tricks_only_on_cpu(platform, expected):
+  assert backend.cpu_decoding_tricks(platform) is expected
+
+
+def test_platform_is_that_of_the_mesh_in_context():
+  assert backend.platform() == jax.default_backend()
+  mesh = parallel.make_mesh({'data': 2}, jax.devices()[:2])
+  with parallel.activate(mesh, parallel.DEFAULT_AXIS_RULES):
+    assert jax.jit(lambda: jnp.zeros(()) + len(backend.platform())
+                   ).trace().jaxpr is not None
+    assert backend.platform() == 'cpu'
+
+
+@pytest.mark.skipif(jax.default_backend() != 'gpu',
+                    reason='cuDNN flash attention needs an NVIDIA GPU')
+@pytest.mark.parametrize('causal', [False, True])
+def test_cudnn_equals_einsum_on_padded_rows(causal):
+  q, k, v = qkv(jnp.bfloat16, t=128, s=128, head_dim=64)
+  ids = jnp.asarray(np.array([[1] * 128, [1] * 90 + [0] * 38], np.int32))
+  got = jax.jit(lambda q, k, v: kernels.cudnn_attention(
+      q, k, v, ids, ids, causal))(q, k, v)
+  text = jax.jit(lambda q, k, v: kernels.cudnn_attention(
+      q, k, v, ids, ids, causal)).lower(q, k, v).as_text()
+  assert 'cudnn' in text.lower()
+  assert_close(got, einsum_out(q, k, v, ids, ids, causal), ids, 3e-2)

@@ -1,0 +1,83 @@
+"""The train step compiled for TPU devices from this CPU host, through
+libtpu's compile-only client: with attention_impl='auto' it runs the Pallas
+splash kernel (a Mosaic custom call), sharded over the batch axes."""
+import os
+
+import jax
+import jax.numpy as jnp
+import ml_collections
+import numpy as np
+import pytest
+
+from jaxformer import parallel
+from jaxformer.model import ModelConfig
+from jaxformer.tasks import get_task
+from jaxformer.train import schedule as schedules
+from jaxformer.train.state import state_shardings
+from jaxformer.train.step import compile_train_step
+
+TRAIN = ml_collections.ConfigDict(dict(
+    schedule='rsqrt', learning_rate=1.0, warmup_steps=4, num_steps=10,
+    b1=0.9, b2=0.98, eps=1e-9, weight_decay=0.0, grad_clip_norm=0.0))
+# head_dim 128: the TPU's lane width.
+MODEL = ModelConfig(vocab_size=256, d_model=256, num_heads=2, d_ff=256,
+                    num_encoder_layers=1, num_decoder_layers=1, max_len=128,
+                    dtype='bfloat16', scan_layers=True)
+
+
+@pytest.fixture(scope='module')
+def v5e_devices():
+  """The 4 chips of a v5e 2x2 slice, as compile-only devices."""
+  pytest.importorskip('libtpu', reason='libtpu is not installed: pip install '
+                      '"libtpu==0.0.42.*" (jax 0.10.2) to compile for TPUs')
+  # Other processes on this host may hold libtpu's lock; compiling only,
+  # this process needs no TPU of its own.
+  os.environ.setdefault('ALLOW_MULTIPLE_LIBTPU_LOAD', '1')
+  from jax.experimental import topologies
+  try:
+    return topologies.get_topology_desc('v5e:2x2', 'tpu').devices
+  except Exception as e:  # libtpu without a compile-only client for v5e.
+    pytest.skip(f'libtpu cannot describe a v5e topology here: {e}')
+
+
+def compiled_train_step(devices, attention_impl: str, rows=8, length=128,
+                        compile_it=True):
+  """(HLO text, memory analysis or None) of the train step on a data=4
+  mesh of `devices`, compiled (or only lowered: compile_it=False)."""
+  mesh = jax.sharding.Mesh(np.array(devices).reshape(4, 1, 1),
+                           parallel.MESH_AXES)
+  rules = parallel.DEFAULT_AXIS_RULES
+  task = get_task('translation')
+  config = MODEL.replace(attention_impl=attention_impl)
+  tx = schedules.make_optimizer(TRAIN, schedules.make_schedule(TRAIN, 256))
+  example = {'inputs': np.ones((1, length), np.int32),
+             'targets': np.ones((1, length), np.int32)}
+  abstract, shardings = state_shardings(task, task.model(config), tx, example,
+                                        mesh, rules)
+  state = jax.tree.map(
+      lambda x, s: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=s),
+      abstract, shardings)
+  batch_sharding = parallel.batch_sharding(mesh)
+  batch = {key: jax.ShapeDtypeStruct((rows, length), jnp.int32,
+                                     sharding=batch_sharding)
+           for key in ('inputs', 'targets')}
+  with parallel.activate(mesh, rules):
+    step = compile_train_step(
+        mesh, shardings, task=task,
+        model=task.model(config, deterministic=False), tx=tx,
+        schedule=schedules.make_schedule(TRAIN, 256), label_smoothing=0.1,
+        grad_accum_steps=1, prng_impl='threefry2x32')
+    lowered = step.lower(state, batch)
+  if not compile_it:
+    return lowered.as_text(), None
+  compiled = lowered.compile()
+  return compiled.as_text(), compiled.memory_analysis()
+
+
+def test_auto_attention_compiles_to_the_splash_kernel_for_tpu(v5e_devices):
+  hlo, _ = compiled_train_step(v5e_devices, 'auto')
+  # Mosaic kernels are custom calls to tpu_custom_call; forward and the
+  # backward's dq and dkv kernels, for 3 attention layers.
+  assert hlo.count('custom_call_target="tpu_custom_call"') >= 3
+  einsum_hlo, _ = compiled_train_step(v5e_devices, 'einsum', compile_it=False)
+  assert 'tpu_custom_call' not in einsum_hlo
