@@ -85,9 +85,14 @@ def report_translation(trainer) -> None:
 def input_lines(args):
   """The lines of --input (or stdin) as text, decoded as --invalid-utf8 says."""
   from jaxformer.data import sources
-  stream = open(args.input, 'rb') if args.input else sys.stdin.buffer
+  if args.input:
+    stream = open(args.input, 'rb')
+  else:  # A text stream without .buffer (an embedding program's) re-encoded.
+    stream = getattr(sys.stdin, 'buffer', None) or (
+        line.encode('utf-8', 'surrogateescape') for line in sys.stdin)
   return sources.decode_lines(
-      stream, args.input or '<stdin>', args.invalid_utf8,
+      stream, args.input or '<stdin>',
+      'replace' if args.invalid_utf8 == 'replace' else 'strict',
       fix=', or pass --invalid-utf8=replace to replace undecodable bytes '
       'with U+FFFD')
 
