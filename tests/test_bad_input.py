@@ -78,3 +78,14 @@ def test_a_negative_step_count_is_an_error_not_an_empty_run(tmp_path, capfd):
   assert train(tmp_path / 'run', ['--config.train.num_steps=-5']) == 1
   assert 'train.num_steps=-5 is out of range' in capfd.readouterr().err
   assert not (tmp_path / 'run').exists()
+
+
+def test_every_test_named_in_the_readme_fault_table_exists():
+  text = (ROOT / 'README.md').read_text()
+  table = text.split('### What happens on each fault')[1].split('\n## ')[0]
+  named = [cell.strip().strip('`') for row in table.splitlines() if row.startswith('| ')
+           for cell in row.split('|')[3].split(', ') if '::' in cell]
+  assert len(named) > 20
+  for reference in named:
+    path, name = reference.split('::')
+    assert f'def {name}(' in (ROOT / 'tests' / path).read_text(), reference

@@ -113,3 +113,13 @@ def test_binary_stdin_names_the_line(workdir, monkeypatch, capfd):
   monkeypatch.setattr(sys, 'stdin', binary)
   assert cli.main(['translate', '--workdir', workdir, '--beam', '1']) == 1
   assert '<stdin>:2: invalid UTF-8' in capfd.readouterr().err
+
+
+def test_training_a_finished_run_again_says_there_is_nothing_to_train(
+    workdir, capfd):
+  assert cli.main(['train', '--config', 'configs/quickstart.py:runlocal',
+                   '--workdir', workdir, '--config.train.num_steps=10',
+                   '--config.eval.final_split=',
+                   '--config.train.peak_flops=1e9']) == 0
+  assert 'already at train.num_steps=10: nothing to train' in (
+      capfd.readouterr().out)

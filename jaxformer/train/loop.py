@@ -238,8 +238,13 @@ class Trainer:
                f'{self.checkpoints.latest_step()}) in '
                f'{self.checkpoints.directory}.')
       return final
-    self.log(f'Training steps {start_step + 1}-{train.num_steps} in '
-             f'{self.workdir} (the first step compiles first).')
+    if start_step >= train.num_steps:
+      self.log(f'The checkpoint of step {start_step} is already at '
+               f'train.num_steps={train.num_steps}: nothing to train (raise '
+               'train.num_steps to train further).')
+    else:
+      self.log(f'Training steps {start_step + 1}-{train.num_steps} in '
+               f'{self.workdir} (the first step compiles first).')
     with parallel.activate(self.mesh, self.rules):
       step_fn = compile_train_step(
           self.mesh, shardings, task=self.task,
