@@ -46,7 +46,10 @@ class StopRequested:
     self._previous = {}
 
   def __enter__(self):
-    for sig in (signal.SIGTERM, signal.SIGINT):
+    # Entered after the runtime started, SIGTERM stays with JAX's service.
+    ours = ((signal.SIGINT,) if jax.distributed.is_initialized()
+            else (signal.SIGTERM, signal.SIGINT))
+    for sig in ours:
       self._previous[sig] = signal.signal(sig, self._handle)
     return self
 
