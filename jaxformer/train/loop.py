@@ -236,9 +236,11 @@ class Trainer:
       progress.close()
       writer.close()
       self.state = state
+      latest = self.checkpoints.latest_step()
       self.log(f'{stop.signal_name} received before the first step: nothing '
-               f'was trained and no checkpoint written (the latest is '
-               f'{self.checkpoints.latest_step()}) in '
+               'was trained and no checkpoint written (' + (
+                   f'the latest is step {latest}' if latest is not None
+                   else 'there is none yet') + f') in '
                f'{self.checkpoints.directory}.')
       return final
     if start_step >= train.num_steps:
