@@ -356,6 +356,13 @@ class Checkpointer:
           'train.weight_decay between 0 and non-zero).')
 
   def close(self) -> None:
+    """Waits for pending writes, and for the clean-up of unfinished steps
+    the manager starts in a thread (which else may outlive an early error
+    and fail noisily at exit: Orbax waits for it only before a save)."""
+    await_cleanup = getattr(self.manager, '_maybe_await_cleanup_tmp_directory',
+                            None)
+    if await_cleanup is not None:
+      await_cleanup()
     self.manager.close()
 
 

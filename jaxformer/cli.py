@@ -9,6 +9,29 @@ USAGE_OVERRIDES = ('Config overrides: --config.KEY=VALUE (e.g. '
                    '--config.train.num_steps=2000).')
 
 
+def _number(kind, allowed_name: str):
+  """An argparse type: a `kind` number in config_ranges' `allowed_name`."""
+  def parse(text: str):
+    from jaxformer import config_ranges
+    allowed = getattr(config_ranges, allowed_name)
+    try:
+      value = kind(text)
+    except ValueError:
+      raise argparse.ArgumentTypeError(
+          f'{text!r} is not a{"n integer" if kind is int else " number"}'
+      ) from None
+    if value != value or value not in allowed:
+      raise argparse.ArgumentTypeError(f'{text} is out of range; it must be '
+                                       f'{allowed}')
+    return value
+  return parse
+
+
+POSITIVE_INT = _number(int, 'POSITIVE')
+NON_NEGATIVE_INT = _number(int, 'NON_NEGATIVE')
+NON_NEGATIVE_FLOAT = _number(float, 'NON_NEGATIVE')
+
+
 def _split_overrides(argv):
   overrides = [a for a in argv if a.startswith('--config.')]
   rest = [a for a in argv if not a.startswith('--config.')]
@@ -18,11 +41,14 @@ def _split_overrides(argv):
 def cmd_train(args, overrides) -> int:
   from jaxformer.checkpoint import make_workdir
   from jaxformer.config import load_config
-  from jaxformer.train.loop import Trainer
-  config = load_config(args.config, overrides)
-  make_workdir(args.workdir)
-  trainer = Trainer(config, args.workdir)
-  trainer.run()
+  from jaxformer.train.loop import StopRequested, Trainer
+  with StopRequested() as stop:  # A signal during setup ends it cleanly.
+    config = load_config(args.config, overrides)
+    make_workdir(args.workdir)
+    trainer = Trainer(config, args.workdir)
+    trainer.run(stop)
+  if stop.signal_name:
+    return 0
   finished = int(trainer.state.step) >= config.train.num_steps
   if finished and trainer.task.name == 'translation':
     report_translation(trainer)
@@ -56,11 +82,35 @@ def report_translation(trainer) -> None:
         f'apples ." | jaxformer translate --workdir {trainer.workdir}')
 
 
+def input_lines(args):
+  """The lines of --input (or stdin) as text, decoded as --invalid-utf8 says."""
+  from jaxformer.data import sources
+  if args.input:
+    stream = open(args.input, 'rb')
+  else:  # A text stream without .buffer (an embedding program's) re-encoded.
+    stream = getattr(sys.stdin, 'buffer', None) or (
+        line.encode('utf-8', 'surrogateescape') for line in sys.stdin)
+  return sources.decode_lines(
+      stream, args.input or '<stdin>',
+      'replace' if args.invalid_utf8 == 'replace' else 'strict',
+      fix=', or pass --invalid-utf8=replace to replace undecodable bytes '
+      'with U+FFFD')
+
+
+def add_input_args(p, what: str) -> None:
+  p.add_argument('--input', help=f'a file of {what}, one per line (default: '
+                 'stdin); UTF-8')
+  p.add_argument('--invalid-utf8', choices=('error', 'replace'),
+                 default='error', help='on a line that is not UTF-8: stop '
+                 'with an error naming it (default), or replace the '
+                 'undecodable bytes with U+FFFD')
+
+
 def cmd_translate(args, overrides) -> int:
   from jaxformer import evaluate
   params, model_config, config, source_tok, target_tok = (
       evaluate.load_trained(args.workdir, args.checkpoint))
-  stream = open(args.input) if args.input else sys.stdin
+  stream = input_lines(args)
   beam = config.decode.beam_size if args.beam is None else args.beam
   alpha = config.decode.alpha if args.alpha is None else args.alpha
   extra = (config.decode.max_extra_len if args.max_extra_len is None
@@ -81,8 +131,7 @@ def cmd_predict(args, overrides) -> int:
   from jaxformer import predict
   params, model_config, config, source_tok, _ = evaluate.load_trained(
       args.workdir, args.checkpoint)
-  stream = open(args.input) if args.input else sys.stdin
-  lines = [line.rstrip('\n') for line in stream]
+  lines = list(input_lines(args))
   for start in range(0, len(lines), args.batch_size):
     for output in predict.predict(params, model_config, config, source_tok,
                                   lines[start:start + args.batch_size]):
@@ -197,17 +246,18 @@ def build_parser() -> argparse.ArgumentParser:
 
   def add_model_args(p):
     p.add_argument('--workdir', required=True, help='a training workdir')
-    p.add_argument('--checkpoint', type=int, default=None,
+    p.add_argument('--checkpoint', type=NON_NEGATIVE_INT, default=None,
                    help='step to use (default: the latest)')
 
   translate = commands.add_parser(
       'translate', help='translate lines from stdin (or --input) to stdout')
   add_model_args(translate)
-  translate.add_argument('--input', help='a file of source lines')
-  translate.add_argument('--beam', type=int, default=None)
-  translate.add_argument('--alpha', type=float, default=None)
-  translate.add_argument('--max-extra-len', type=int, default=None)
-  translate.add_argument('--batch-size', type=int, default=32)
+  add_input_args(translate, 'source sentences')
+  translate.add_argument('--beam', type=POSITIVE_INT, default=None)
+  translate.add_argument('--alpha', type=NON_NEGATIVE_FLOAT, default=None)
+  translate.add_argument('--max-extra-len', type=NON_NEGATIVE_INT,
+                         default=None)
+  translate.add_argument('--batch-size', type=POSITIVE_INT, default=32)
   translate.add_argument('--on-too-long', choices=('truncate', 'error'),
                          default='truncate')
   translate.set_defaults(run=cmd_translate)
@@ -216,22 +266,25 @@ def build_parser() -> argparse.ArgumentParser:
       'predict', help='classification labels or regression values of the '
       'lines of stdin (or --input)')
   add_model_args(predict)
-  predict.add_argument('--input', help='a file of texts, one per line')
-  predict.add_argument('--batch-size', type=int, default=64)
+  add_input_args(predict, 'texts')
+  predict.add_argument('--batch-size', type=POSITIVE_INT, default=64)
   predict.set_defaults(run=cmd_predict)
 
   generate = commands.add_parser(
       'generate', help='sample continuations of a prompt from a language model')
   add_model_args(generate)
   generate.add_argument('--prompt', default='', help='text to continue')
-  generate.add_argument('--num', type=int, default=1, help='samples to draw')
-  generate.add_argument('--temperature', type=float, default=1.0,
+  generate.add_argument('--num', type=POSITIVE_INT, default=1,
+                        help='samples to draw')
+  generate.add_argument('--temperature', type=NON_NEGATIVE_FLOAT, default=1.0,
                         help='0: greedy')
-  generate.add_argument('--top-k', type=int, default=0, help='0: off')
-  generate.add_argument('--top-p', type=float, default=1.0, help='1: off')
-  generate.add_argument('--max-len', type=int, default=0,
+  generate.add_argument('--top-k', type=NON_NEGATIVE_INT, default=0,
+                        help='0: off')
+  generate.add_argument('--top-p', type=_number(float, 'UNIT_INTERVAL'),
+                        default=1.0, help='1: off')
+  generate.add_argument('--max-len', type=NON_NEGATIVE_INT, default=0,
                         help='tokens incl. the prompt (0: data.max_target_length)')
-  generate.add_argument('--seed', type=int, default=0)
+  generate.add_argument('--seed', type=NON_NEGATIVE_INT, default=0)
   generate.set_defaults(run=cmd_generate)
 
   evaluate = commands.add_parser(
@@ -239,16 +292,16 @@ def build_parser() -> argparse.ArgumentParser:
   add_model_args(evaluate)
   evaluate.add_argument('--split', default='test',
                         choices=('train', 'dev', 'test'))
-  evaluate.add_argument('--beam', type=int, default=None)
-  evaluate.add_argument('--alpha', type=float, default=None)
+  evaluate.add_argument('--beam', type=POSITIVE_INT, default=None)
+  evaluate.add_argument('--alpha', type=NON_NEGATIVE_FLOAT, default=None)
   evaluate.set_defaults(run=cmd_evaluate)
 
   attention = commands.add_parser(
       'attention', help='plot the cross-attention of one translation')
   add_model_args(attention)
   attention.add_argument('--src', required=True, help='the source sentence')
-  attention.add_argument('--layer', type=int, default=0)
-  attention.add_argument('--head', type=int, default=None,
+  attention.add_argument('--layer', type=NON_NEGATIVE_INT, default=0)
+  attention.add_argument('--head', type=NON_NEGATIVE_INT, default=None,
                          help='default: the mean over heads')
   attention.add_argument('--out', required=True, help='a .png path')
   attention.set_defaults(run=cmd_attention)
@@ -263,7 +316,7 @@ def build_parser() -> argparse.ArgumentParser:
       'average', help='average the parameters of the last N checkpoints '
       'into a parameters-only export')
   average.add_argument('--workdir', required=True, help='a training workdir')
-  average.add_argument('--last', type=int, default=5,
+  average.add_argument('--last', type=POSITIVE_INT, default=5,
                        help='how many of the newest checkpoints (default 5)')
   average.add_argument('--out', required=True,
                        help='directory to create for the export')

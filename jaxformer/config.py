@@ -9,10 +9,12 @@ import ast
 import difflib
 import importlib.util
 import os
+import traceback
 from collections.abc import Sequence
 
 import ml_collections
 
+from jaxformer import config_ranges
 from jaxformer import parallel
 from jaxformer.data.config import default_data_config
 from jaxformer.model import config as model_config
@@ -108,16 +110,43 @@ def load_config(path_and_arg: str,
   if not os.path.isfile(path):
     raise ConfigError(f'Config file {path!r} does not exist; configs live in '
                       'configs/, e.g. configs/quickstart.py.')
-  spec = importlib.util.spec_from_file_location('jaxformer_user_config', path)
-  module = importlib.util.module_from_spec(spec)
-  spec.loader.exec_module(module)
+  module = _import_config_file(path)
   if not hasattr(module, 'get_config'):
     raise ConfigError(f'Config file {path} defines no get_config().')
-  config = module.get_config(arg) if arg else module.get_config()
+  try:
+    config = module.get_config(arg) if arg else module.get_config()
+  except Exception as e:
+    raise _error_in_file(path, e) from None
   for override in overrides:
     apply_override(config, override)
   validate(config)
   return config
+
+
+def _import_config_file(path: str):
+  """The config file as a module; a syntax error names its file and line."""
+  spec = importlib.util.spec_from_file_location('jaxformer_user_config', path)
+  module = importlib.util.module_from_spec(spec)
+  try:
+    spec.loader.exec_module(module)
+  except SyntaxError as e:
+    where = f'{e.filename or path}:{e.lineno}' + (
+        f':{e.offset}' if e.offset else '')
+    code = f'\n  {e.text.rstrip()}' if e.text else ''
+    raise ConfigError(f'{where}: syntax error in the config file: '
+                      f'{e.msg}.{code}') from None
+  except Exception as e:
+    raise _error_in_file(path, e) from None
+  return module
+
+
+def _error_in_file(path: str, error: Exception) -> ConfigError:
+  """`error`, raised while running the config file, at its line there."""
+  lines = [frame.lineno for frame in traceback.extract_tb(error.__traceback__)
+           if os.path.abspath(frame.filename) == os.path.abspath(path)]
+  where = f'{path}:{lines[-1]}' if lines else path
+  return ConfigError(f'{where}: the config file raised '
+                     f'{type(error).__name__}: {error}')
 
 
 def _parse_value(text: str, current):
@@ -179,13 +208,24 @@ def validate(config: ml_collections.ConfigDict) -> None:
              'train.nan_policy': ('stop', 'skip'),
              'train.prng_impl': ('threefry2x32', 'rbg', 'unsafe_rbg'),
              'task': ('translation', 'classification', 'regression',
-                      'language_model')}
+                      'language_model'),
+             'checkpoint.best_mode': ('min', 'max'),
+             'eval.split': ('train', 'dev', 'test'),
+             'eval.final_split': ('', 'train', 'dev', 'test'),
+             'data.source': ('builtin', 'tsv', 'files', 'tfds', 'text'),
+             'data.batching': ('pack', 'bucket'),
+             'data.tokenizer.type': ('bpe', 'unigram', 'char', 'word'),
+             'data.builtin.dataset': ('translation', 'number_parity',
+                                      'number_value', 'sentences')}
   for dotted, allowed in choices.items():
     value = config
     for name in dotted.split('.'):
       value = value[name]
     if value not in allowed:
       raise ConfigError(f'{dotted}={value!r} is not one of {allowed}.')
+  problems = config_ranges.out_of_range(config)
+  if problems:
+    raise ConfigError(' '.join(problems))
 
 
 _LENGTH_KEYS = {'translation': ('max_source_length', 'max_target_length'),

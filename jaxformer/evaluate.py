@@ -1,6 +1,7 @@
 """Using a trained translator: batched decoding of sentences, BLEU and chrF
 (sacrebleu's standard settings, on detokenised text) and exact match."""
 import math
+import sys
 from collections.abc import Iterable, Iterator, Sequence
 
 import jax
@@ -219,8 +220,14 @@ def load_trained(workdir: str, step: int | None = None):
           parallel.axis_rules(config.mesh.axis_rules), config.train.prng_impl)
       state = checkpoints.restore(candidate, abstract, shardings)
       tokenizers = checkpoint_lib.tokenizers_from_extra(extra)
-      return state.params, model_config, config, tokenizers[0], tokenizers[-1]
     except Exception as e:  # A damaged step: try the previous one.
       errors.append(f'step {candidate}: {type(e).__name__}: {e}')
+      continue
+    if errors:
+      print(f'WARNING: the latest checkpoint, step {candidates[0]}, cannot '
+            f'be restored ({errors[0]}); using step {candidate} instead. '
+            f'Pass --checkpoint {candidate} to choose it explicitly.',
+            file=sys.stderr, flush=True)
+    return state.params, model_config, config, tokenizers[0], tokenizers[-1]
   raise RuntimeError(f'No checkpoint in {checkpoints.directory} could be '
                      'restored: ' + '; '.join(errors))

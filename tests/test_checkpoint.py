@@ -371,3 +371,19 @@ def test_averaging_more_steps_than_kept_says_which_exist(three_steps,
                      match=r'3 checkpoints \[1, 2, 3\], fewer than --last=5'):
     checkpoint_lib.average_checkpoints(str(workdir), 5, str(tmp_path / 'x'))
   assert not (tmp_path / 'x').exists()
+
+
+def test_loading_for_translate_or_evaluate_names_both_steps_of_a_fallback(
+    tmp_path, config, tokenizer, state, capsys):
+  from jaxformer import evaluate
+  save(tmp_path / 'run', [(1, state), (2, shifted(state, 1.0))], config,
+       tokenizer).close()
+  workdir = seen_by_a_new_process(tmp_path / 'run')
+  delete_state(workdir / 'checkpoints' / '2')
+
+  params = evaluate.load_trained(str(workdir))[0]
+
+  err = capsys.readouterr().err
+  assert 'the latest checkpoint, step 2, cannot be restored' in err
+  assert 'using step 1 instead' in err
+  assert_trees_equal(params, state.params)

@@ -16,7 +16,8 @@ def workdir(tmp_path_factory):
   assert cli.main(['train', '--config', 'configs/quickstart.py:runlocal',
                    '--workdir', path, '--config.train.num_steps=10',
                    '--config.eval.every=0', '--config.eval.bleu_examples=8',
-                   '--config.train.peak_flops=1e9']) == 0
+                   '--config.train.peak_flops=1e9',
+                   '--config.checkpoint.every=5']) == 0
   return path
 
 
@@ -69,3 +70,56 @@ def test_attention_and_curves_write_pictures(workdir, tmp_path):
 def test_a_workdir_without_checkpoints_is_a_clear_error(tmp_path, capfd):
   assert cli.main(['translate', '--workdir', str(tmp_path)]) == 1
   assert 'No checkpoints' in capfd.readouterr().err
+
+
+@pytest.mark.parametrize('flags, message', [
+    (['translate', '--batch-size', '0'], 'argument --batch-size: 0 is out of '
+     'range; it must be >= 1'),
+    (['translate', '--beam', '-1'], 'argument --beam: -1 is out of range'),
+    (['translate', '--alpha', 'high'], "argument --alpha: 'high' is not a "
+     'number'),
+    (['predict', '--batch-size', '0'], 'argument --batch-size: 0'),
+    (['generate', '--top-p', '0'], 'argument --top-p: 0 is out of range; it '
+     'must be in (0, 1]'),
+    (['generate', '--num', '0'], 'argument --num: 0'),
+    (['evaluate', '--checkpoint', '-3'], 'argument --checkpoint: -3'),
+    (['average', '--last', '0', '--out', 'x'], 'argument --last: 0'),
+])
+def test_a_flag_out_of_range_is_a_clear_error(flags, message, capsys):
+  with pytest.raises(SystemExit) as exit_:
+    cli.main([flags[0], '--workdir', 'unused'] + flags[1:])
+  assert exit_.value.code == 2
+  assert message in capsys.readouterr().err
+
+
+@pytest.mark.parametrize('command', ['translate', 'predict'])
+def test_input_that_is_not_utf8_names_the_line_or_is_replaced(
+    workdir, tmp_path, capfd, command):
+  source = tmp_path / 'latin1.txt'
+  source.write_bytes('he sold three old cups .\nwe bought caf\xe9 .\n'
+                     .encode('latin-1'))
+  assert cli.main([command, '--workdir', workdir, '--input',
+                   str(source)]) == 1
+  err = capfd.readouterr().err
+  assert f'{source}:2: invalid UTF-8' in err and '--invalid-utf8=replace' in err
+  if command == 'translate':
+    assert cli.main([command, '--workdir', workdir, '--input', str(source),
+                     '--invalid-utf8', 'replace', '--beam', '1']) == 0
+    assert len(capfd.readouterr().out.splitlines()) == 2
+
+
+def test_binary_stdin_names_the_line(workdir, monkeypatch, capfd):
+  binary = io.TextIOWrapper(io.BytesIO(b'one .\n\x00\x9c\xff\x01\n'))
+  monkeypatch.setattr(sys, 'stdin', binary)
+  assert cli.main(['translate', '--workdir', workdir, '--beam', '1']) == 1
+  assert '<stdin>:2: invalid UTF-8' in capfd.readouterr().err
+
+
+def test_training_a_finished_run_again_says_there_is_nothing_to_train(
+    workdir, capfd):
+  assert cli.main(['train', '--config', 'configs/quickstart.py:runlocal',
+                   '--workdir', workdir, '--config.train.num_steps=10',
+                   '--config.eval.final_split=',
+                   '--config.train.peak_flops=1e9']) == 0
+  assert 'already at train.num_steps=10: nothing to train' in (
+      capfd.readouterr().out)

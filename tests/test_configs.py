@@ -63,6 +63,70 @@ def test_a_missing_config_file_says_where_configs_live():
     config_lib.load_config('configs/nope.py')
 
 
+def numeric_keys(config, prefix=''):
+  for key, value in config.items():
+    if hasattr(value, 'items'):
+      yield from numeric_keys(value, f'{prefix}{key}.')
+    elif isinstance(value, (int, float)) and not isinstance(value, bool):
+      yield f'{prefix}{key}'
+
+
+def test_every_numeric_key_has_a_range():
+  from jaxformer import config_ranges
+  missing = [k for k in numeric_keys(config_lib.default_config())
+             if k not in config_ranges.RANGES]
+  assert not missing, f'add these keys to config_ranges.RANGES: {missing}'
+
+
+@pytest.mark.parametrize('override, message', [
+    ('train.num_steps=-5', 'train.num_steps=-5 is out of range; it must be >= 1'),
+    ('data.batch_size=0', 'data.batch_size=0 is out of range; it must be >= 1'),
+    ('train.log_every=0', 'train.log_every=0 is out of range'),
+    ('model.residual_dropout=1.0', 'must be in [0, 1)'),
+    ('train.label_smoothing=-0.1', 'train.label_smoothing=-0.1'),
+    ('train.learning_rate=0', 'train.learning_rate=0.0 is out of range; it '
+     'must be > 0'),
+    ('decode.alpha=-1', 'decode.alpha=-1.0'),
+    ('decode.beam_size=0', 'decode.beam_size=0'),
+    ('train.warmup_steps=0', 'train.warmup_steps=0'),
+    ('data.tokenizer.vocab_size=2', 'it must be >= 5'),
+    ('mesh.fsdp=0', 'mesh.fsdp=0 is out of range; it must be -1 or >= 1'),
+    ('checkpoint.keep=0', 'checkpoint.keep=0'),
+    ('checkpoint.best_mode=biggest', "checkpoint.best_mode='biggest' is not "
+     'one of'),
+    ('eval.split=valid', "eval.split='valid' is not one of"),
+])
+def test_an_out_of_range_value_names_the_key_and_the_range(override, message):
+  with pytest.raises(config_lib.ConfigError) as error:
+    config_lib.load_config('configs/quickstart.py', [override])
+  assert message in str(error.value)
+
+
+def test_mesh_sizes_may_be_minus_one_and_rates_their_bounds():
+  config_lib.load_config('configs/quickstart.py', [
+      'mesh.data=-1', 'mesh.fsdp=2', 'model.residual_dropout=0',
+      'train.label_smoothing=0', 'data.tokenizer.character_coverage=1'])
+
+
+def test_a_syntax_error_in_a_config_file_names_the_file_and_line(tmp_path):
+  path = tmp_path / 'broken.py'
+  path.write_text('def get_config():\n  return dict(a=1,\n\nx = (\n')
+  with pytest.raises(config_lib.ConfigError) as error:
+    config_lib.load_config(str(path))
+  assert str(error.value).startswith(f'{path}:')
+  assert 'syntax error in the config file' in str(error.value)
+
+
+def test_an_exception_in_a_config_file_names_the_file_and_line(tmp_path):
+  path = tmp_path / 'raises.py'
+  path.write_text('from jaxformer.config import default_config\n\n'
+                  'def get_config():\n  config = default_config()\n'
+                  '  config.train.num_steps = steps\n  return config\n')
+  with pytest.raises(config_lib.ConfigError) as error:
+    config_lib.load_config(str(path))
+  assert str(error.value).startswith(f'{path}:5: the config file raised')
+
+
 def shrink(config, tmp_path):
   """A runlocal-style override: the config's own settings with a tiny model,
   tiny batches and one step, so a config can be exercised in seconds."""

@@ -73,14 +73,15 @@ def environment(tmp_path_factory):
 class Training:
   """`jaxformer train` on a workdir in a subprocess, output to a log file."""
 
-  def __init__(self, workdir: pathlib.Path, environment: dict):
+  def __init__(self, workdir: pathlib.Path, environment: dict,
+               config: str = CONFIG, overrides=OVERRIDES):
     self.workdir = workdir
     self.first_record = len(logged_steps(workdir))
     workdir.mkdir(exist_ok=True)
-    self.log_path = workdir / f'log_{self.first_record}.txt'
+    self.log_path = workdir / f'log_{self.first_record}_{time.time_ns()}.txt'
     command = [sys.executable, '-m', 'jaxformer.cli', 'train', '--config',
-               CONFIG, '--workdir', str(workdir)]
-    command += [f'--config.{o}' for o in OVERRIDES]
+               config, '--workdir', str(workdir)]
+    command += [f'--config.{o}' for o in overrides]
     with open(self.log_path, 'w') as log:
       self.process = subprocess.Popen(command, stdout=log,
                                       stderr=subprocess.STDOUT, env=environment)

@@ -235,3 +235,46 @@ def test_killing_one_process_ends_the_other_within_the_heartbeat_timeout(
   assert processes[0].returncode != 0
   assert seconds < heartbeat + 30, survivor_log[-3000:]
   assert 'heartbeat' in survivor_log, survivor_log[-3000:]
+
+
+@pytest.mark.slow
+def test_sigterm_to_one_process_stops_all_at_the_same_saved_step(tmp_path):
+  """A preemption notice reaches one process; JAX's preemption service picks
+  a step at which both save and exit 0, with no step logged between."""
+  port = free_port()
+  workdir = tmp_path / 'run'
+  command = [*TRAIN, '--workdir', str(workdir),
+             '--config.train.num_steps=100000', *QUICK,
+             '--config.train.log_every=1000',
+             '--config.checkpoint.every=100000']
+  logs = [tmp_path / f'process{i}.log' for i in range(2)]
+  processes = [
+      subprocess.Popen(command, stdout=open(log, 'w'), stderr=subprocess.STDOUT,
+                       env=dict(os.environ, JAX_COORDINATOR_ADDRESS=f'127.0.0.1:{port}',
+                                JAX_NUM_PROCESSES='2', JAX_PROCESS_ID=str(i),
+                                JAX_PLATFORMS='cpu', XLA_FLAGS=(
+                                    '--xla_force_host_platform_device_count=2')))
+      for i, log in enumerate(logs)]
+  try:
+    deadline = time.monotonic() + RUN_TIMEOUT
+    while 'Training steps' not in logs[0].read_text():
+      assert all(p.poll() is None for p in processes), logs[0].read_text()
+      assert time.monotonic() < deadline, 'training did not start'
+      time.sleep(0.1)
+    time.sleep(5)
+    processes[1].send_signal(signal.SIGTERM)
+    codes = [p.wait(timeout=300) for p in processes]
+  finally:
+    for process in processes:
+      if process.poll() is None:
+        process.kill()
+        process.wait()
+  output = logs[0].read_text()
+  assert codes == [0, 0], output[-3000:] + logs[1].read_text()[-3000:]
+  marker = 'Preemption notice (SIGTERM) received: saved the checkpoint of step '
+  assert marker in output, output[-3000:]
+  step = int(output.split(marker)[1].split()[0])
+  saved = sorted(int(p.name) for p in (workdir / 'checkpoints').iterdir()
+                 if p.name.isdigit())
+  assert saved == [step]
+  assert [r['step'] for r in read_metrics(workdir)] == [step]

@@ -22,6 +22,7 @@ from __future__ import annotations
 import codecs
 import gzip
 import zlib
+from collections.abc import Iterable, Iterator
 
 import ml_collections
 
@@ -69,6 +70,26 @@ def _decode_utf8(path: str, data: bytes) -> str:
     raise DataError(
         f'{path}:{line}: invalid UTF-8 ({e.reason} at byte {e.start}); '
         're-encode the file as UTF-8, e.g. `iconv -f latin1 -t utf-8`') from None
+
+
+def decode_lines(lines: Iterable[bytes], name: str, errors: str = 'strict',
+                 fix: str = '') -> Iterator[str]:
+  """`lines` (bytes, e.g. a binary stream) as text without line endings.
+
+  Undecodable bytes become U+FFFD with errors='replace'; with 'strict' they
+  raise a DataError naming `name`, the line and the byte (and `fix`).
+  """
+  for number, raw in enumerate(lines, start=1):
+    if number == 1 and raw.startswith(codecs.BOM_UTF8):
+      raw = raw[len(codecs.BOM_UTF8):]
+    try:
+      text = raw.decode('utf-8', errors)
+    except UnicodeDecodeError as e:
+      raise DataError(
+          f'{name}:{number}: invalid UTF-8 ({e.reason} at byte {e.start + 1} '
+          'of the line); re-encode the input as UTF-8, e.g. `iconv -f latin1 '
+          f'-t utf-8`{fix}') from None
+    yield text.rstrip('\r\n')
 
 
 def read_lines(path: str) -> list[str]:

@@ -34,27 +34,45 @@ class StopRequested:
   """Set by SIGTERM (preemption, schedulers) or Ctrl-C; the loop saves a
   checkpoint at the current step and exits cleanly.
 
-  With several processes, JAX's preemption service owns SIGTERM (a Python
-  handler would replace it) and picks one step at which all processes stop,
-  so all save the same step; Ctrl-C is then left to its default.
+  Enter it before the run's setup, so a signal then ends the run cleanly
+  too. With several processes, JAX's preemption service owns SIGTERM (it
+  replaces this handler when the distributed runtime starts) and picks one
+  step at which all processes stop, so all save the same step.
   """
 
-  def __init__(self, checkpoints: checkpoint_lib.Checkpointer):
+  def __init__(self):
     self.signal_name = None
-    self._checkpoints = checkpoints
+    self._agreed = False
     self._previous = {}
 
   def __enter__(self):
-    if jax.process_count() == 1:
-      for sig in (signal.SIGTERM, signal.SIGINT):
-        self._previous[sig] = signal.signal(sig, self._handle)
+    # Entered after the runtime started, SIGTERM stays with JAX's service.
+    ours = ((signal.SIGINT,) if jax.distributed.is_initialized()
+            else (signal.SIGTERM, signal.SIGINT))
+    for sig in ours:
+      self._previous[sig] = signal.signal(sig, self._handle)
     return self
 
-  def at(self, step: int) -> bool:
+  def join_processes(self) -> None:
+    """Call once the distributed runtime is up. With several processes,
+    Ctrl-C goes back to its default (a stop needs all processes to agree)."""
+    if jax.process_count() > 1:
+      signal.signal(signal.SIGINT, self._previous[signal.SIGINT])
+      if self.signal_name == 'SIGINT':
+        raise KeyboardInterrupt
+
+  def at(self, step: int, checkpoints: checkpoint_lib.Checkpointer) -> bool:
     """Whether to save and stop after `step`; call once at every step."""
-    if jax.process_count() > 1 and self._checkpoints.reached_preemption(step):
-      self.signal_name = 'Preemption notice (SIGTERM)'
-    return self.signal_name is not None
+    if jax.process_count() == 1:
+      return self.signal_name is not None
+    if checkpoints.reached_preemption(step):
+      self.signal_name, self._agreed = 'Preemption notice (SIGTERM)', True
+    return self._agreed
+
+  def signalled(self) -> bool:
+    """Whether a signal came in this process (no cross-process agreement:
+    for a stop between two calls of `at`, such as during an evaluation)."""
+    return jax.process_count() == 1 and self.signal_name is not None
 
   def _handle(self, signum, frame):
     del frame
@@ -124,6 +142,14 @@ class Trainer:
     self.is_main = jax.process_index() == 0
     self._eval_fn = None
     self.checkpoints = checkpoint_lib.Checkpointer(workdir, config.checkpoint)
+    try:
+      self._set_up(config)
+    except BaseException:
+      self.checkpoints.close()  # Or its threads outlive the error.
+      raise
+
+  def _set_up(self, config: ml_collections.ConfigDict) -> None:
+    workdir = self.workdir
     self.source_tok, self.target_tok = tokenizer_lib.get_or_train(
         config.data, workdir)
     self.config = with_labels(
@@ -146,6 +172,19 @@ class Trainer:
     self.schedule = schedules.make_schedule(train, self.model_config.d_model)
     self.tx = schedules.make_optimizer(train, self.schedule)
     self.example_batch = example_batch(self.config)
+    self._check_splits()
+
+  def _check_splits(self) -> None:
+    """Reads the splits evaluated during and after training now, so that a
+    missing or bad file is reported before any training time is spent."""
+    splits = {self.config.eval.split}
+    if self.task.name == 'translation' and self.config.eval.final_split:
+      splits.add(self.config.eval.final_split)
+    for split in sorted(splits):
+      next(iter(data_tasks.eval_batches(
+          self.config, self.source_tok, self.target_tok, split,
+          process_index=jax.process_index(),
+          process_count=jax.process_count())), None)
 
   def initial_state(self) -> TrainState:
     """The latest good checkpoint's state, or a fresh one."""
@@ -166,7 +205,26 @@ class Trainer:
     if self.is_main:
       print(text, flush=True)
 
-  def run(self) -> dict:
+  def run(self, stop: StopRequested | None = None) -> dict:
+    """Trains to num_steps, or until a signal (caught by `stop`, entered by
+    the caller, or else here) or an error; checkpointing is shut down on
+    every way out (a pending save completes first)."""
+    try:
+      if stop is None:
+        with StopRequested() as stop:
+          final = self._run(stop)
+      else:
+        final = self._run(stop)
+    except BaseException:
+      # With several processes, closing waits on the others: not on error.
+      if jax.process_count() == 1:
+        self.checkpoints.close()
+      raise
+    self.checkpoints.close()
+    return final
+
+  def _run(self, stop: StopRequested) -> dict:
+    stop.join_processes()
     config, train = self.config, self.config.train
     state = self.initial_state()
     start_step = int(state.step)
@@ -180,23 +238,45 @@ class Trainer:
     progress = Progress(train.num_steps, start_step, enabled=self.is_main)
     peak_flops = train.peak_flops or measure_peak_flops()
     final = {}
-    with (parallel.activate(self.mesh, self.rules),
-          StopRequested(self.checkpoints) as stop):
+    if stop.signalled():
+      progress.close()
+      writer.close()
+      self.state = state
+      latest = self.checkpoints.latest_step()
+      self.log(f'{stop.signal_name} received before the first step: nothing '
+               'was trained and no checkpoint written (' + (
+                   f'the latest is step {latest}' if latest is not None
+                   else 'there is none yet') + f') in '
+               f'{self.checkpoints.directory}.')
+      return final
+    if start_step >= train.num_steps:
+      self.log(f'The checkpoint of step {start_step} is already at '
+               f'train.num_steps={train.num_steps}: nothing to train (raise '
+               'train.num_steps to train further).')
+    else:
+      self.log(f'Training steps {start_step + 1}-{train.num_steps} in '
+               f'{self.workdir} (the first step compiles first).')
+    with parallel.activate(self.mesh, self.rules):
       step_fn = compile_train_step(
           self.mesh, shardings, task=self.task,
           model=self.task.model(self.model_config, deterministic=False),
           tx=self.tx, schedule=self.schedule,
           label_smoothing=train.label_smoothing,
           grad_accum_steps=train.grad_accum_steps, prng_impl=train.prng_impl)
-      pending, window_start, window_tokens = [], time.perf_counter(), 0
-      window_flops = 0.0
+      # Steps run ahead of the host by at most one: before step n + 1 is
+      # dispatched, step n - 1 has finished (its metrics are fetched). So a
+      # stop is acted on within two steps, not after a whole log window.
+      pending, records = [], []
+      window_start, window_tokens, window_flops = time.perf_counter(), 0, 0.0
       step = start_step
       while step < train.num_steps:
         local = next(batches)
         state, metrics = step_fn(state, parallel.global_batch(local, self.mesh))
         step += 1
-        stopping = stop.at(step)
         pending.append((step, metrics))
+        records += self._fetch(pending[:-1])
+        del pending[:-1]
+        stopping = stop.at(step, self.checkpoints)
         window_tokens += self._tokens(local) * jax.process_count()
         window_flops += self._flops(local)
         boundary = (step % train.log_every == 0 or step == train.num_steps
@@ -204,7 +284,7 @@ class Trainer:
                     or stopping)
         if not boundary:
           continue
-        records = self._check_finite(pending, state)
+        records += self._fetch(pending)
         pending = []
         elapsed = time.perf_counter() - window_start
         final = dict(records[-1][1])
@@ -212,6 +292,7 @@ class Trainer:
                      step_time=elapsed / len(records),
                      mfu=window_flops / elapsed / (peak_flops * jax.device_count()))
         final['skipped_steps'] = float(sum(1 - r['finite'] for _, r in records))
+        records = []
         writer.write(step, final)
         progress.update(step, final)
         if self._eval_due(step) or step == train.num_steps:
@@ -221,6 +302,8 @@ class Trainer:
               f'eval_{k}={v:.4g}' for k, v in eval_metrics.items()))
           final.update({f'eval_{k}': v for k, v in eval_metrics.items()})
           self.checkpoints.save(step, state, final, force=True)
+          # A signal during the evaluation stops here, at the saved step.
+          stopping = stopping or stop.signalled()
         elif self.checkpoints.due(step) or stopping:
           self.checkpoints.save(step, state, final, force=stopping)
         if stopping:
@@ -252,9 +335,10 @@ class Trainer:
     every = self.config.eval.every
     return bool(every) and step % every == 0
 
-  def _check_finite(self, pending, state):
-    """Fetches the window's metrics; a non-finite step stops the run (or is
-    counted, with nan_policy='skip'). Bad updates were never applied."""
+  def _fetch(self, pending):
+    """Fetches the metrics of `pending` steps (waiting for them to finish);
+    a non-finite step stops the run (or is counted, with nan_policy='skip').
+    Bad updates were never applied."""
     records = [(s, jax.device_get(m)) for s, m in pending]
     for s, metrics in records:
       if metrics['finite'] < 1 and self.config.train.nan_policy == 'stop':

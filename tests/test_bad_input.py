@@ -1,0 +1,91 @@
+"""Bad data, files and config found at start-up, before any training, with
+one clear line of error and nothing lost."""
+import os
+import pathlib
+import subprocess
+import sys
+
+import pytest
+
+from jaxformer import cli
+from jaxformer.data import builtin
+
+ROOT = pathlib.Path(__file__).resolve().parents[1]
+
+
+@pytest.fixture(scope='module')
+def tsv_dir(tmp_path_factory):
+  """train/dev/test TSV files of the built-in pairs, and a bad one."""
+  directory = tmp_path_factory.mktemp('tsv')
+  for split, count in (('train', 300), ('dev', 8), ('test', 8)):
+    lines = [f'{s}\t{t}' for s, t in builtin.generate(count, 0, split)]
+    (directory / f'{split}.tsv').write_text('\n'.join(lines) + '\n')
+  (directory / 'no_tab.tsv').write_text('one\ttwo\nthree four\n')
+  return directory
+
+
+def tsv_flags(directory, **paths):
+  files = {split: str(directory / f'{split}.tsv')
+           for split in ('train', 'dev', 'test')}
+  files.update(paths)
+  return [f'--config.data.tsv.{split}={path}' for split, path in files.items()] + [
+      '--config.data.source=tsv', '--config.data.tokenizer.vocab_size=64',
+      '--config.data.tokenizer.sample_size=300', '--config.train.num_steps=2',
+      '--config.train.peak_flops=1e9']
+
+
+def train(workdir, flags):
+  return cli.main(['train', '--config', 'configs/quickstart.py:runlocal',
+                   '--workdir', str(workdir)] + flags)
+
+
+@pytest.mark.parametrize('split', ['dev', 'test'])
+def test_a_missing_evaluation_split_is_reported_before_training(
+    tsv_dir, tmp_path, capfd, split):
+  missing = str(tmp_path / f'{split}_missing.tsv')
+  assert train(tmp_path / 'run', tsv_flags(tsv_dir, **{split: missing})) == 1
+  out, err = capfd.readouterr()
+  assert f'{missing}: no such file' in err
+  assert 'Training steps' not in out
+  assert not (tmp_path / 'run' / 'checkpoints').exists() or not os.listdir(
+      tmp_path / 'run' / 'checkpoints')
+
+
+def test_a_missing_tokenizer_model_is_reported_before_training(
+    tsv_dir, tmp_path, capfd):
+  missing = str(tmp_path / 'nope.model')
+  flags = tsv_flags(tsv_dir) + [f'--config.data.tokenizer.model_path={missing}']
+  assert train(tmp_path / 'run', flags) == 1
+  assert f'{missing}: no such file' in capfd.readouterr().err
+
+
+def test_a_data_error_is_one_line_without_orbax_noise(tsv_dir, tmp_path):
+  """As the process exits, Orbax's clean-up thread used to fail loudly."""
+  command = [sys.executable, '-m', 'jaxformer.cli', 'train', '--config',
+             'configs/quickstart.py:runlocal', '--workdir', str(tmp_path / 'run')]
+  command += tsv_flags(tsv_dir, train=str(tsv_dir / 'no_tab.tsv'))
+  result = subprocess.run(command, capture_output=True, text=True, cwd=ROOT,
+                          env=dict(os.environ, TF_CPP_MIN_LOG_LEVEL='3'),
+                          timeout=600)
+  assert result.returncode == 1
+  assert result.stderr.strip().splitlines() == [
+      f'jaxformer train: error: {tsv_dir / "no_tab.tsv"}:2: no tab; each line '
+      "must be 'source<TAB>target' with exactly one tab (remove tabs inside "
+      'sentences, and blank lines)'], result.stderr
+
+
+def test_a_negative_step_count_is_an_error_not_an_empty_run(tmp_path, capfd):
+  assert train(tmp_path / 'run', ['--config.train.num_steps=-5']) == 1
+  assert 'train.num_steps=-5 is out of range' in capfd.readouterr().err
+  assert not (tmp_path / 'run').exists()
+
+
+def test_every_test_named_in_the_readme_fault_table_exists():
+  text = (ROOT / 'README.md').read_text()
+  table = text.split('### What happens on each fault')[1].split('\n## ')[0]
+  named = [cell.strip().strip('`') for row in table.splitlines() if row.startswith('| ')
+           for cell in row.split('|')[3].split(', ') if '::' in cell]
+  assert len(named) > 20
+  for reference in named:
+    path, name = reference.split('::')
+    assert f'def {name}(' in (ROOT / 'tests' / path).read_text(), reference
