@@ -5,6 +5,8 @@ import json
 import os
 import sys
 
+from jaxformer import paths
+
 USAGE_OVERRIDES = ('Config overrides: --config.KEY=VALUE (e.g. '
                    '--config.train.num_steps=2000).')
 
@@ -50,8 +52,8 @@ def report_translation(trainer) -> None:
   for (source, reference), hypothesis in list(zip(pairs, hypotheses))[
       :config.eval.show_examples]:
     print(f'  {source}\n    -> {hypothesis}\n    (reference: {reference})')
-  with open(os.path.join(trainer.workdir, f'{split}_scores.json'), 'w') as f:
-    json.dump(scores, f, indent=2)
+  paths.write_text(paths.join(trainer.workdir, f'{split}_scores.json'),
+                   json.dumps(scores, indent=2))
   print(f'\nTranslate your own sentences:\n  echo "she bought forty-two red '
         f'apples ." | jaxformer translate --workdir {trainer.workdir}')
 
@@ -60,7 +62,7 @@ def cmd_translate(args, overrides) -> int:
   from jaxformer import evaluate
   params, model_config, config, source_tok, target_tok = (
       evaluate.load_trained(args.workdir, args.checkpoint))
-  stream = open(args.input) if args.input else sys.stdin
+  stream = paths.open_text(args.input) if args.input else sys.stdin
   beam = config.decode.beam_size if args.beam is None else args.beam
   alpha = config.decode.alpha if args.alpha is None else args.alpha
   extra = (config.decode.max_extra_len if args.max_extra_len is None
@@ -81,7 +83,7 @@ def cmd_predict(args, overrides) -> int:
   from jaxformer import predict
   params, model_config, config, source_tok, _ = evaluate.load_trained(
       args.workdir, args.checkpoint)
-  stream = open(args.input) if args.input else sys.stdin
+  stream = paths.open_text(args.input) if args.input else sys.stdin
   lines = [line.rstrip('\n') for line in stream]
   for start in range(0, len(lines), args.batch_size):
     for output in predict.predict(params, model_config, config, source_tok,
@@ -114,9 +116,8 @@ def cmd_evaluate(args, overrides) -> int:
   scores, hypotheses = evaluate.decode_split(
       params, model_config, config, source_tok, target_tok, args.split, mesh,
       beam_size=args.beam, alpha=args.alpha)
-  path = os.path.join(args.workdir, f'{args.split}_hypotheses.txt')
-  with open(path, 'w') as f:
-    f.write('\n'.join(hypotheses) + '\n')
+  path = paths.join(args.workdir, f'{args.split}_hypotheses.txt')
+  paths.write_text(path, '\n'.join(hypotheses) + '\n')
   print(json.dumps(dict(scores, split=args.split, hypotheses=path), indent=2))
   return 0
 
@@ -172,8 +173,8 @@ def cmd_attention(args, overrides) -> int:
 def cmd_curves(args, overrides) -> int:
   from jaxformer import plots
   from jaxformer.train.metrics import read_metrics
-  path = os.path.join(args.workdir, 'metrics.jsonl')
-  if not os.path.exists(path):
+  path = paths.join(args.workdir, 'metrics.jsonl')
+  if not paths.exists(path):
     raise FileNotFoundError(f'{path} does not exist; is {args.workdir} a '
                             'training workdir?')
   plots.training_curves(read_metrics(args.workdir), args.out)
@@ -289,7 +290,8 @@ def main(argv=None) -> int:
     return 2
   try:
     return args.run(args, overrides)
-  except (ValueError, FileNotFoundError, RuntimeError) as e:
+  except (ValueError, FileNotFoundError, RuntimeError,
+          paths.StorageError) as e:
     if os.environ.get('JAXFORMER_DEBUG'):
       raise
     print(f'jaxformer {args.command}: error: {e}', file=sys.stderr)
