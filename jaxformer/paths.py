@@ -13,7 +13,13 @@ from __future__ import annotations
 import os
 import time
 
+import fsspec
 from etils import epath
+
+# Other processes write to the same bucket (the tokenizer, checkpoints,
+# Orbax's step markers): gcsfs must not answer from a listing it made before.
+for _protocol in ('gs', 'gcs'):
+  fsspec.config.conf.setdefault(_protocol, {})['use_listings_cache'] = False
 
 
 class StorageError(OSError):
@@ -55,9 +61,10 @@ def is_dir(path: str | os.PathLike) -> bool:
 def list_dir(path: str | os.PathLike) -> list[str]:
   """Names of the entries directly in `path` ([] when there is none)."""
   path = epath.Path(path)
-  if not path.is_dir():
+  try:
+    return sorted(child.name for child in path.iterdir())
+  except (FileNotFoundError, NotADirectoryError):
     return []
-  return sorted(child.name for child in path.iterdir())
 
 
 def make_dirs(path: str | os.PathLike) -> None:
