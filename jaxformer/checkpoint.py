@@ -125,12 +125,13 @@ def _wait_for_failed_writes(directory: str, started_before: set[int],
   def temporary_files() -> dict[str, tuple[int, int]]:
     files = {}
     for tmp in epath.Path(directory).glob('*.orbax-checkpoint-tmp*'):
-      for path in tmp.rglob('*'):
-        try:
-          if paths.is_remote(path) or path.is_file():
-            files[os.fspath(path)] = paths.stat(path)
-        except OSError:  # Removed while listed: not quiet yet.
-          files[os.fspath(path)] = (-1, -1)
+      for root, _, names in tmp.walk():
+        for name in names:
+          path = os.fspath(root / name)
+          try:
+            files[path] = paths.stat(path)
+          except OSError:  # Removed while listed: not quiet yet.
+            files[path] = (-1, -1)
     return files
 
   deadline = time.monotonic() + timeout_seconds
