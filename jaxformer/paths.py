@@ -10,6 +10,7 @@ creates buckets.
 """
 from __future__ import annotations
 
+import logging
 import os
 import time
 
@@ -155,6 +156,10 @@ def check_writable(directory: str | os.PathLike) -> None:
   naming it. Raises StorageError."""
   directory = absolute(directory)
   probe = join(directory, f'.write_test_{os.getpid()}_{time.time_ns()}')
+  # gcsfs logs each failed request with a traceback; the error says it all.
+  client_log = logging.getLogger('gcsfs')
+  level = client_log.level
+  client_log.setLevel(logging.CRITICAL)
   try:
     make_dirs(directory)
     if is_remote(directory):
@@ -168,6 +173,8 @@ def check_writable(directory: str | os.PathLike) -> None:
     os.remove(probe)
   except Exception as e:  # gcsfs and TensorFlow raise many types.
     raise StorageError(_write_failure(directory, e)) from e
+  finally:
+    client_log.setLevel(level)
 
 
 def _write_failure(directory: str, error: Exception) -> str:
