@@ -12,7 +12,6 @@ directory OUT/{params, extra}: parameters only, with the config and the
 tokenizers, which `load_export` (and `evaluate.load_trained`) read back.
 """
 import base64
-import glob
 import json
 import os
 import sys
@@ -24,10 +23,12 @@ import ml_collections
 import numpy as np
 import optax
 import orbax.checkpoint as ocp
+from etils import epath
 from jax.experimental import multihost_utils
 from orbax.checkpoint.checkpoint_managers import preservation_policy
 
 from jaxformer import parallel
+from jaxformer import paths
 
 # Keys that may change when a run resumes; everything else must match.
 RESUMABLE_CHANGES = ('train.', 'eval.', 'checkpoint.', 'decode.',
@@ -81,26 +82,18 @@ def _blocking_file(path: str) -> str | None:
 
 
 def make_workdir(directory: str) -> None:
-  """Creates `directory` and checks that files can be written there, so a
-  run fails before any work rather than at its first checkpoint."""
-  blocking = _blocking_file(directory)
+  """Creates `directory` (local or gs://) and checks that files can be
+  written there, so a run fails before any work rather than at its first
+  checkpoint."""
+  blocking = None if paths.is_remote(directory) else _blocking_file(directory)
   if blocking is not None:
     raise CheckpointError(
         f'Cannot use {directory} as a directory: {blocking} is a file. '
         'Choose another --workdir.')
   try:
-    os.makedirs(directory, exist_ok=True)
-    probe = os.path.join(directory, f'.write_test_{os.getpid()}')
-    with open(probe, 'wb') as f:
-      f.write(b'0' * 4096)
-      f.flush()
-      os.fsync(f.fileno())
-    os.remove(probe)
-  except OSError as e:
-    raise CheckpointError(
-        f'Cannot write to {directory}: {e.strerror or e}. Check its '
-        'permissions and free disk space, or choose another --workdir.'
-    ) from e
+    paths.check_writable(directory)
+  except paths.StorageError as e:
+    raise CheckpointError(str(e)) from e
 
 
 def _short(error: Exception, limit: int = 300) -> str:
@@ -131,16 +124,14 @@ def _wait_for_failed_writes(directory: str, started_before: set[int],
 
   def temporary_files() -> dict[str, tuple[int, int]]:
     files = {}
-    for tmp in glob.glob(os.path.join(directory, '*.orbax-checkpoint-tmp*')):
-      for root, _, names in os.walk(tmp):
+    for tmp in epath.Path(directory).glob('*.orbax-checkpoint-tmp*'):
+      for root, _, names in tmp.walk():
         for name in names:
-          path = os.path.join(root, name)
+          path = os.fspath(root / name)
           try:
-            stat = os.stat(path)
+            files[path] = paths.stat(path)
           except OSError:  # Removed while listed: not quiet yet.
             files[path] = (-1, -1)
-          else:
-            files[path] = (stat.st_size, stat.st_mtime_ns)
     return files
 
   deadline = time.monotonic() + timeout_seconds
@@ -160,7 +151,7 @@ class Checkpointer:
 
   def __init__(self, workdir: str, options: ml_collections.ConfigDict,
                read_only: bool = False):
-    self.directory = os.path.abspath(os.path.join(workdir, 'checkpoints'))
+    self.directory = paths.join(paths.absolute(workdir), 'checkpoints')
     self.options = options
     self.read_only = read_only
     if jax.process_index() == 0 and not read_only:
@@ -192,7 +183,7 @@ class Checkpointer:
   @classmethod
   def reader(cls, workdir: str) -> 'Checkpointer':
     """Read-only access to the checkpoints of a training workdir."""
-    if not os.path.isdir(os.path.join(workdir, 'checkpoints')):
+    if not paths.is_dir(paths.join(workdir, 'checkpoints')):
       raise CheckpointError(
           f'No checkpoints in {workdir}: pass the --workdir of a training '
           'run (it holds a checkpoints/ directory).')
@@ -218,7 +209,7 @@ class Checkpointer:
     return sorted(self.manager.all_steps())
 
   def step_directory(self, step: int) -> str:
-    return os.path.join(self.directory, str(step))
+    return paths.join(self.directory, str(step))
 
   def set_extra(self, config: ml_collections.ConfigDict, tokenizers) -> None:
     """What every step saves beside the state: config and tokenizers."""
@@ -324,7 +315,7 @@ class Checkpointer:
     if jax.process_index() == 0:
       for step in steps:
         target = f'{self.step_directory(step)}.damaged-{stamp}'
-        os.rename(self.step_directory(step), target)
+        paths.rename(self.step_directory(step), target)
         print(f'WARNING: moved the damaged checkpoint aside to {target}.',
               file=sys.stderr, flush=True)
     if jax.process_count() > 1:
@@ -400,11 +391,11 @@ def _composite_checkpointer():
 def export_params(out: str, params, extra: dict) -> None:
   """Writes `params` with the config and tokenizers of `extra` to `out`,
   which must not exist yet."""
-  out = os.path.abspath(out)
-  if os.path.exists(out):
+  out = paths.absolute(out)
+  if paths.exists(out):
     raise CheckpointError(f'{out} already exists; choose another --out, or '
                           'remove it first.')
-  make_workdir(os.path.dirname(out))
+  make_workdir(paths.parent(out))
   contents = {'format': EXPORT_FORMAT, 'config': extra['config'],
               'tokenizers': extra['tokenizers'],
               'steps': extra.get('steps', [extra.get('step')]),
@@ -419,9 +410,9 @@ def export_params(out: str, params, extra: dict) -> None:
 
 
 def is_export(directory: str) -> bool:
-  return (os.path.isdir(os.path.join(directory, 'params'))
-          and os.path.isdir(os.path.join(directory, 'extra'))
-          and not os.path.isdir(os.path.join(directory, 'checkpoints')))
+  return (paths.is_dir(paths.join(directory, 'params'))
+          and paths.is_dir(paths.join(directory, 'extra'))
+          and not paths.is_dir(paths.join(directory, 'checkpoints')))
 
 
 def load_export(directory: str, step: int | None = None):

@@ -5,6 +5,8 @@ import json
 import os
 import sys
 
+from jaxformer import paths
+
 USAGE_OVERRIDES = ('Config overrides: --config.KEY=VALUE (e.g. '
                    '--config.train.num_steps=2000).')
 
@@ -76,8 +78,8 @@ def report_translation(trainer) -> None:
   for (source, reference), hypothesis in list(zip(pairs, hypotheses))[
       :config.eval.show_examples]:
     print(f'  {source}\n    -> {hypothesis}\n    (reference: {reference})')
-  with open(os.path.join(trainer.workdir, f'{split}_scores.json'), 'w') as f:
-    json.dump(scores, f, indent=2)
+  paths.write_text(paths.join(trainer.workdir, f'{split}_scores.json'),
+                   json.dumps(scores, indent=2))
   print(f'\nTranslate your own sentences:\n  echo "she bought forty-two red '
         f'apples ." | jaxformer translate --workdir {trainer.workdir}')
 
@@ -86,7 +88,7 @@ def input_lines(args):
   """The lines of --input (or stdin) as text, decoded as --invalid-utf8 says."""
   from jaxformer.data import sources
   if args.input:
-    stream = open(args.input, 'rb')
+    stream = paths.open_bytes(args.input)
   else:  # A text stream without .buffer (an embedding program's) re-encoded.
     stream = getattr(sys.stdin, 'buffer', None) or (
         line.encode('utf-8', 'surrogateescape') for line in sys.stdin)
@@ -163,9 +165,8 @@ def cmd_evaluate(args, overrides) -> int:
   scores, hypotheses = evaluate.decode_split(
       params, model_config, config, source_tok, target_tok, args.split, mesh,
       beam_size=args.beam, alpha=args.alpha)
-  path = os.path.join(args.workdir, f'{args.split}_hypotheses.txt')
-  with open(path, 'w') as f:
-    f.write('\n'.join(hypotheses) + '\n')
+  path = paths.join(args.workdir, f'{args.split}_hypotheses.txt')
+  paths.write_text(path, '\n'.join(hypotheses) + '\n')
   print(json.dumps(dict(scores, split=args.split, hypotheses=path), indent=2))
   return 0
 
@@ -221,8 +222,8 @@ def cmd_attention(args, overrides) -> int:
 def cmd_curves(args, overrides) -> int:
   from jaxformer import plots
   from jaxformer.train.metrics import read_metrics
-  path = os.path.join(args.workdir, 'metrics.jsonl')
-  if not os.path.exists(path):
+  path = paths.join(args.workdir, 'metrics.jsonl')
+  if not paths.exists(path):
     raise FileNotFoundError(f'{path} does not exist; is {args.workdir} a '
                             'training workdir?')
   plots.training_curves(read_metrics(args.workdir), args.out)
@@ -342,7 +343,8 @@ def main(argv=None) -> int:
     return 2
   try:
     return args.run(args, overrides)
-  except (ValueError, FileNotFoundError, RuntimeError) as e:
+  except (ValueError, FileNotFoundError, RuntimeError,
+          paths.StorageError) as e:
     if os.environ.get('JAXFORMER_DEBUG'):
       raise
     print(f'jaxformer {args.command}: error: {e}', file=sys.stderr)

@@ -12,6 +12,7 @@ from jax.experimental import multihost_utils
 
 from jaxformer import decode
 from jaxformer import parallel
+from jaxformer import paths
 from jaxformer.data import pipeline
 from jaxformer.data import sources
 from jaxformer.data.tokenizer import EOS_ID, Tokenizer
@@ -178,7 +179,6 @@ def load_trained(workdir: str, step: int | None = None):
   """(params, ModelConfig, config, source_tok, target_tok) of the latest (or
   the given) checkpoint in `workdir`, or of the export (`jaxformer export`
   or `average`) in that directory, on this process's devices."""
-  import os
   from jaxformer import checkpoint as checkpoint_lib
   from jaxformer.model import config as model_config_lib
   from jaxformer.tasks import get_task
@@ -188,7 +188,7 @@ def load_trained(workdir: str, step: int | None = None):
 
   if checkpoint_lib.is_export(workdir):
     return checkpoint_lib.load_export(workdir, step)
-  if not os.path.isdir(os.path.join(workdir, 'checkpoints')):
+  if not paths.is_dir(paths.join(workdir, 'checkpoints')):
     raise FileNotFoundError(
         f'No checkpoints in {workdir}: train first with `jaxformer train '
         f'--config ... --workdir {workdir}`, or pass the --workdir of a run.')

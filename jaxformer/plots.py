@@ -1,5 +1,6 @@
 """Pictures: a cross-attention heatmap of one translation and training
 curves from metrics.jsonl. matplotlib without a display (Agg)."""
+import io
 import os
 
 import matplotlib
@@ -7,6 +8,8 @@ import matplotlib
 matplotlib.use('Agg')
 import matplotlib.pyplot as plt  # noqa: E402
 import numpy as np  # noqa: E402
+
+from jaxformer import paths  # noqa: E402
 
 
 def attention_heatmap(weights: np.ndarray, source_pieces: list[str],
@@ -50,7 +53,9 @@ def training_curves(records: list[dict], out_path: str,
 
 
 def _save(fig, out_path: str) -> None:
-  directory = os.path.dirname(os.path.abspath(out_path))
-  os.makedirs(directory, exist_ok=True)
-  fig.savefig(out_path)
+  """Writes the figure in the format of the name's suffix (local or gs://)."""
+  image = io.BytesIO()
+  suffix = os.path.splitext(out_path)[1].lstrip('.').lower() or 'png'
+  fig.savefig(image, format=suffix)
   plt.close(fig)
+  paths.write_bytes(out_path, image.getvalue())

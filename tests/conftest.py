@@ -15,3 +15,38 @@ def tfds_scratch_in_tmp_path(tmp_path, monkeypatch):
   dataset metadata online with tempfile.mkdtemp and never removes them) in
   the test's tmp_path instead of /tmp."""
   monkeypatch.setattr(tempfile, 'tempdir', str(tmp_path))
+
+
+@pytest.fixture(scope='session')
+def gcs_emulator():
+  """A GCS emulator on 127.0.0.1 holding the bucket gs://test-bucket
+  (tests/gcs_emulator.py). Yields the three variables that point the
+  storage libraries at it; they are also set in this process meanwhile."""
+  import logging
+  import subprocess
+  import sys
+  import gcs_emulator as emulator
+  process = subprocess.Popen(
+      [sys.executable, emulator.__file__, 'test-bucket'],
+      stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
+  line = process.stdout.readline()
+  if not line.startswith('port='):
+    process.kill()
+    raise RuntimeError('The GCS emulator did not start (is '
+                       'gcp-storage-emulator installed? pip install -e '
+                       '".[test]").')
+  variables = emulator.environment(int(line.strip().split('=')[1]))
+  # Without credentials gcsfs warns at every bucket it meets.
+  logging.getLogger('gcsfs').setLevel(logging.ERROR)
+  saved = {name: os.environ.get(name) for name in variables}
+  os.environ.update(variables)
+  try:
+    yield variables
+  finally:
+    for name, value in saved.items():
+      if value is None:
+        os.environ.pop(name, None)
+      else:
+        os.environ[name] = value
+    process.terminate()
+    process.wait(timeout=30)

@@ -49,6 +49,7 @@ import ml_collections
 import numpy as np
 import tensorflow as tf
 
+from jaxformer import paths
 from jaxformer.data import sources
 from jaxformer.data import tokenizer as tokenizer_lib
 
@@ -135,9 +136,8 @@ def _fingerprint(data_config: ml_collections.ConfigDict, split: str,
   settings = data_config.to_dict()
   reading = {key: settings.get(key) for key in ('source', data_config.source)}
   files = [path for path in reading.get(data_config.source, {}).values()
-           if isinstance(path, str) and path and tf.io.gfile.exists(path)]
-  stamps = [(path, tf.io.gfile.stat(path).length, tf.io.gfile.stat(path).mtime_nsec)
-            for path in files]  # A rewritten file is read again.
+           if isinstance(path, str) and path and paths.exists(path)]
+  stamps = [(path, *paths.stat(path)) for path in files]  # Rewritten: read again.
   digest = hashlib.sha256(json.dumps([reading, split, stamps], default=str).encode())
   digest.update(source_tok.serialized_model_proto())
   digest.update(target_tok.serialized_model_proto())

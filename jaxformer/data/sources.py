@@ -10,7 +10,7 @@ The same pairs serve the other tasks: 'tsv' lines 'text<TAB>label' (a class
 name or number) or 'text<TAB>value' (numbers separated by spaces), and
 `data.builtin.dataset` picks the built-in variant (see builtin.task_examples).
 Files may be gzip-compressed (name ends in '.gz') and may live anywhere
-tf.io.gfile reads (local paths, gs://...).
+jaxformer.paths reads (local paths, gs://...).
 
 Every problem with the input raises `DataError` (a ValueError) whose message
 names the file, the line and the fix; a missing file raises `MissingFileError`,
@@ -26,6 +26,7 @@ from collections.abc import Iterable, Iterator
 
 import ml_collections
 
+from jaxformer import paths
 from jaxformer.data import builtin
 
 SPLITS = ('train', 'dev', 'test')
@@ -43,14 +44,17 @@ class MissingFileError(DataError, FileNotFoundError):
 
 def read_bytes(path: str) -> bytes:
   """Contents of a local or gs:// file, gunzipped if its name ends in '.gz'."""
-  import tensorflow as tf  # Deferred: the builtin source needs no TensorFlow.
-  if not tf.io.gfile.exists(path):
-    raise MissingFileError(f'{path}: no such file; check the path in the data config')
   try:
-    with tf.io.gfile.GFile(path, 'rb') as f:
-      data = f.read()
-  except tf.errors.OpError as e:
-    raise DataError(f'{path}: cannot read it: {e.message}') from None
+    data = paths.read_bytes(path)
+  except FileNotFoundError:
+    raise MissingFileError(
+        f'{path}: no such file; check the path in the data config') from None
+  except IsADirectoryError:
+    raise DataError(f'{path}: is a directory; name a file in the data '
+                    'config') from None
+  except Exception as e:  # Storage clients raise many types.
+    raise DataError(f'{path}: cannot read it: {type(e).__name__}: '
+                    f'{str(e).splitlines()[0] if str(e) else ""}') from None
   if path.endswith('.gz'):
     try:
       data = gzip.decompress(data)

@@ -10,8 +10,9 @@ Special ids are the same in every model jaxformer trains or accepts:
 
 Models live as `<workdir>/tokenizer/joint.model` (one model for both sides)
 or `source.model` and `target.model`.  In a multi-process run only process 0
-trains or copies a model; the others wait for the file.  Files are written to a
-temporary name and renamed, so a waiting process never reads half a model.
+trains or copies a model; the others wait for the file.  Files are written
+whole (jaxformer.paths.write_bytes), so a waiting process never reads half a
+model.
 """
 
 from __future__ import annotations
@@ -25,6 +26,7 @@ import ml_collections
 import numpy as np
 import sentencepiece as spm
 
+from jaxformer import paths
 from jaxformer.data import sources
 
 PAD_ID = 0
@@ -102,15 +104,6 @@ def _trainer_arguments(tok_config: ml_collections.ConfigDict) -> dict:
   return arguments
 
 
-def _write_atomically(path: str, contents: bytes) -> None:
-  import tensorflow as tf  # tf.io.gfile also writes gs:// paths.
-  tf.io.gfile.makedirs(os.path.dirname(path) or '.')
-  temporary = f'{path}.tmp-{os.getpid()}'
-  with tf.io.gfile.GFile(temporary, 'wb') as f:
-    f.write(contents)
-  tf.io.gfile.rename(temporary, path, overwrite=True)
-
-
 def train_tokenizer(texts: Iterable[str], model_prefix: str,
                     tok_config: ml_collections.ConfigDict) -> Tokenizer:
   """Trains a model on `texts` and writes it to `model_prefix + '.model'`."""
@@ -125,7 +118,7 @@ def train_tokenizer(texts: Iterable[str], model_prefix: str,
         f'training the tokenizer {model_prefix}.model failed: {e}; if the '
         'vocabulary is too large for the data, lower '
         'data.tokenizer.vocab_size') from None
-  _write_atomically(f'{model_prefix}.model', model.getvalue())
+  paths.write_bytes(f'{model_prefix}.model', model.getvalue())
   return Tokenizer.from_serialized(model.getvalue(), f'{model_prefix}.model')
 
 
@@ -177,16 +170,15 @@ def _create_models(data_config: ml_collections.ConfigDict,
     for given, destination in zip(given_paths, destinations):
       tokenizer = load_tokenizer(given)
       _check_vocab_size(tokenizer, given, tok_config.vocab_size)
-      _write_atomically(destination, tokenizer.serialized_model_proto())
+      paths.write_bytes(destination, tokenizer.serialized_model_proto())
     return
   for texts, path in zip(_training_texts(data_config), destinations):
     train_tokenizer(texts, path[:-len('.model')], tok_config)
 
 
 def _wait_for(path: str, timeout_seconds: float) -> None:
-  import tensorflow as tf
   deadline = time.monotonic() + timeout_seconds
-  while not tf.io.gfile.exists(path):
+  while not paths.exists(path):
     if time.monotonic() > deadline:
       raise TimeoutError(
           f'waited {timeout_seconds:.0f}s for process 0 to write {path}; check '
@@ -197,7 +189,7 @@ def _wait_for(path: str, timeout_seconds: float) -> None:
 def model_paths(data_config: ml_collections.ConfigDict, workdir: str) -> tuple[str, ...]:
   """Where a run keeps its tokenizer models: (joint,) or (source, target)."""
   names = ('joint',) if data_config.tokenizer.joint else ('source', 'target')
-  return tuple(os.path.join(workdir, 'tokenizer', f'{name}.model') for name in names)
+  return tuple(paths.join(workdir, 'tokenizer', f'{name}.model') for name in names)
 
 
 def get_or_train(data_config: ml_collections.ConfigDict, workdir: str, *,
@@ -211,16 +203,15 @@ def get_or_train(data_config: ml_collections.ConfigDict, workdir: str, *,
   runs `workdir` must be shared by all hosts (e.g. gs://): processes other
   than 0 wait for process 0's files there.
   """
-  import tensorflow as tf
   if process_index is None:
     import jax
     process_index = jax.process_index()
   tok_config = data_config.tokenizer
-  paths = model_paths(data_config, workdir)
-  if process_index == 0 and not all(map(tf.io.gfile.exists, paths)):
-    _create_models(data_config, paths)
+  models = model_paths(data_config, workdir)
+  if process_index == 0 and not all(map(paths.exists, models)):
+    _create_models(data_config, models)
   tokenizers = []
-  for path in paths:
+  for path in models:
     _wait_for(path, tok_config.get('wait_seconds', 3600))
     tokenizers.append(load_tokenizer(path))
     _check_vocab_size(tokenizers[-1], path, tok_config.vocab_size)

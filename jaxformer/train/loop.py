@@ -14,6 +14,7 @@ import numpy as np
 
 from jaxformer import checkpoint as checkpoint_lib
 from jaxformer import parallel
+from jaxformer import paths
 from jaxformer.data import tasks as data_tasks
 from jaxformer.data import tokenizer as tokenizer_lib
 from jaxformer.model import config as model_config_lib
@@ -157,8 +158,8 @@ class Trainer:
     self.checkpoints.check_compatible(self.config)
     self.checkpoints.set_extra(self.config, (self.source_tok, self.target_tok))
     if self.is_main:
-      with open(os.path.join(workdir, 'config.json'), 'w') as f:
-        f.write(self.config.to_json_best_effort(indent=2))
+      paths.write_text(paths.join(workdir, 'config.json'),
+                       self.config.to_json_best_effort(indent=2))
     self.model_config = model_config_lib.from_config_dict(self.config.model)
     self.task = get_task(self.config.task)
     self.mesh = parallel.make_mesh(

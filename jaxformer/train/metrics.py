@@ -1,11 +1,46 @@
 """Where training metrics go: DIR/metrics.jsonl (one JSON object per line),
-TensorBoard under DIR/tensorboard, and the terminal."""
+TensorBoard events under DIR/tensorboard, and the terminal. DIR may be local
+or on cloud storage (see jaxformer.paths)."""
 import json
-import os
+import socket
+import struct
 import sys
 import time
 
 import numpy as np
+
+from jaxformer import paths
+
+
+class EventFile:
+  """A TensorBoard event file of scalars: TFRecords of `Event` protos (the
+  protos and CRC of tensorboardX), written through jaxformer.paths."""
+
+  def __init__(self, directory: str):
+    from tensorboardX.proto import event_pb2, summary_pb2
+    self._event_pb2, self._summary_pb2 = event_pb2, summary_pb2
+    name = (f'events.out.tfevents.{int(time.time()):010d}.'
+            f'{socket.gethostname()}.{time.time_ns() % 10**9}')
+    self._file = paths.AppendableFile(paths.join(directory, name))
+    self._write(event_pb2.Event(wall_time=time.time(),
+                                file_version='brain.Event:2'))
+
+  def scalars(self, step: int, values: dict[str, float]) -> None:
+    from tensorboardX.summary import scalar
+    summaries = [scalar(key, value).value[0] for key, value in values.items()]
+    self._write(self._event_pb2.Event(
+        wall_time=time.time(), step=int(step),
+        summary=self._summary_pb2.Summary(value=summaries)))
+
+  def _write(self, event) -> None:
+    from tensorboardX.record_writer import masked_crc32c
+    data = event.SerializeToString()
+    header = struct.pack('<Q', len(data))
+    self._file.append(header + struct.pack('<I', masked_crc32c(header))
+                      + data + struct.pack('<I', masked_crc32c(data)))
+
+  def close(self) -> None:
+    self._file.close()
 
 
 class MetricsWriter:
@@ -13,12 +48,9 @@ class MetricsWriter:
 
   def __init__(self, workdir: str, enabled: bool = True):
     self.enabled = enabled
-    self._tensorboard = None
     if enabled:
-      os.makedirs(workdir, exist_ok=True)
-      self._jsonl = open(os.path.join(workdir, 'metrics.jsonl'), 'a')
-      from tensorboardX import SummaryWriter
-      self._tensorboard = SummaryWriter(os.path.join(workdir, 'tensorboard'))
+      self._jsonl = paths.AppendableFile(paths.join(workdir, 'metrics.jsonl'))
+      self._tensorboard = EventFile(paths.join(workdir, 'tensorboard'))
 
   def write(self, step: int, metrics: dict, prefix: str = '') -> None:
     if not self.enabled:
@@ -28,11 +60,9 @@ class MetricsWriter:
       value = np.asarray(value)
       if value.ndim == 0:
         record[prefix + key] = float(value)
-    self._jsonl.write(json.dumps(record) + '\n')
-    self._jsonl.flush()
-    for key, value in record.items():
-      if key != 'step':
-        self._tensorboard.add_scalar(key, value, step)
+    self._jsonl.append((json.dumps(record) + '\n').encode())
+    self._tensorboard.scalars(
+        step, {k: v for k, v in record.items() if k != 'step'})
 
   def close(self) -> None:
     if self.enabled:
@@ -42,8 +72,8 @@ class MetricsWriter:
 
 def read_metrics(workdir: str) -> list[dict]:
   """All records of DIR/metrics.jsonl, in order."""
-  with open(os.path.join(workdir, 'metrics.jsonl')) as f:
-    return [json.loads(line) for line in f if line.strip()]
+  text = paths.read_text(paths.join(workdir, 'metrics.jsonl'))
+  return [json.loads(line) for line in text.splitlines() if line.strip()]
 
 
 class Progress:

@@ -1,0 +1,281 @@
+"""gs:// workdirs end to end, against a GCS emulator (conftest.gcs_emulator).
+
+Training, resuming after SIGKILL, every command and a 2-process run read and
+write gs://test-bucket/... through the three standard variables only; no
+byte may land in a local folder named `gs:`.
+"""
+import json
+import os
+import pathlib
+import signal
+import socket
+import subprocess
+import sys
+import time
+
+import numpy as np
+import pytest
+
+from jaxformer import cli
+from jaxformer import paths
+from jaxformer.train.metrics import EventFile, MetricsWriter, read_metrics
+
+REPO = pathlib.Path(__file__).resolve().parents[1]
+CONFIG = f'{REPO}/configs/quickstart.py:runlocal'
+NUM_STEPS = 40
+OVERRIDES = (f'train.num_steps={NUM_STEPS}', 'train.log_every=1',
+             'train.peak_flops=1e9', 'checkpoint.every=10', 'eval.every=0',
+             'eval.final_split=', 'eval.bleu_examples=0', 'eval.num_batches=1')
+TIMING_KEYS = ('tokens_per_second', 'step_time', 'mfu')
+TIMEOUT = 900  # seconds; generous for a loaded 2-core machine
+
+
+def numbers(records):
+  return [{k: v for k, v in r.items() if k not in TIMING_KEYS}
+          for r in records]
+
+
+def between(records, first, last):
+  return [r for r in records if first <= r['step'] <= last]
+
+
+def no_gs_folder(*roots):
+  for root in roots:
+    found = [str(p) for p in pathlib.Path(root).rglob('gs:')]
+    assert not found, f'a local gs: folder appeared: {found}'
+
+
+class Training:
+  """`jaxformer train` in a subprocess whose cwd (and HOME) is `home`."""
+
+  def __init__(self, workdir: str, home: pathlib.Path, environment: dict,
+               *overrides: str, process_env: dict | None = None):
+    home.mkdir(parents=True, exist_ok=True)
+    self.workdir = workdir
+    self.first_record = len(self.logged())
+    self.log_path = home / f'log_{time.time_ns()}.txt'
+    command = [sys.executable, '-m', 'jaxformer.cli', 'train', '--config',
+               CONFIG, '--workdir', workdir]
+    command += [f'--config.{o}' for o in OVERRIDES + overrides]
+    env = dict(environment, HOME=str(home), **(process_env or {}))
+    with open(self.log_path, 'w') as log:
+      self.process = subprocess.Popen(command, stdout=log, cwd=home, env=env,
+                                      stderr=subprocess.STDOUT)
+
+  def logged(self) -> list[dict]:
+    try:
+      return read_metrics(self.workdir)
+    except FileNotFoundError:
+      return []
+
+  def wait_until(self, condition, what: str) -> None:
+    deadline = time.monotonic() + TIMEOUT
+    while not condition():
+      if self.process.poll() is not None:
+        pytest.fail(f'training exited ({self.process.returncode}) before '
+                    f'{what}:\n{self.output()[-4000:]}')
+      if time.monotonic() > deadline:
+        self.process.kill()
+        pytest.fail(f'no {what} after {TIMEOUT} s:\n{self.output()[-4000:]}')
+      time.sleep(0.2)
+
+  def finish(self) -> int:
+    return self.process.wait(TIMEOUT)
+
+  def output(self) -> str:
+    return self.log_path.read_text()
+
+  def records(self) -> list[dict]:
+    return self.logged()[self.first_record:]
+
+
+def committed_steps(workdir: str) -> list[int]:
+  """Checkpoint steps whose write is complete (Orbax marks them on GCS)."""
+  directory = paths.join(workdir, 'checkpoints')
+  return sorted(int(name) for name in paths.list_dir(directory)
+                if name.isdigit() and paths.exists(
+                    paths.join(directory, name, 'commit_success.txt')))
+
+
+@pytest.fixture(scope='module')
+def environment(tmp_path_factory, gcs_emulator):
+  cache = tmp_path_factory.mktemp('compilation_cache')
+  return dict(os.environ, **gcs_emulator,
+              XLA_FLAGS='--xla_force_host_platform_device_count=2',
+              JAX_COMPILATION_CACHE_DIR=str(cache),
+              JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS='0',
+              TF_CPP_MIN_LOG_LEVEL='2', PYTHONPATH=str(REPO))
+
+
+@pytest.fixture(scope='module')
+def local_reference(tmp_path_factory, environment):
+  """An uninterrupted run in a local workdir: (workdir, metrics)."""
+  home = tmp_path_factory.mktemp('local')
+  run = Training(str(home / 'run'), home, environment)
+  assert run.finish() == 0, run.output()[-4000:]
+  return home / 'run', read_metrics(str(home / 'run'))
+
+
+# ----------------------------------------------------------- the path layer
+
+
+def test_local_and_remote_files_read_back_what_was_written(tmp_path,
+                                                           gcs_emulator):
+  for directory in (str(tmp_path / 'local'), 'gs://test-bucket/paths'):
+    target = paths.join(directory, 'a', 'b.txt')
+    paths.write_text(target, 'first')
+    paths.write_text(target, 'second')
+    assert paths.read_text(target) == 'second'
+    assert paths.list_dir(paths.join(directory, 'a')) == ['b.txt']
+    assert paths.is_dir(paths.join(directory, 'a'))
+    assert not paths.exists(paths.join(directory, 'missing'))
+    appended = paths.AppendableFile(paths.join(directory, 'log'))
+    appended.append(b'1\n')
+    appended.append(b'2\n')
+    appended.close()
+    paths.AppendableFile(paths.join(directory, 'log')).append(b'3\n')
+    assert paths.read_bytes(paths.join(directory, 'log')) == b'1\n2\n3\n'
+  assert paths.stat('gs://test-bucket/paths/a/b.txt')[0] == len('second')
+  no_gs_folder(tmp_path, os.getcwd())
+
+
+def test_metrics_and_tensorboard_events_are_readable_by_tensorflow(
+    tmp_path, gcs_emulator):
+  import tensorflow as tf
+  workdir = 'gs://test-bucket/metrics'
+  writer = MetricsWriter(workdir)
+  writer.write(1, {'loss': np.float32(2.5), 'vector': np.ones(3)})
+  writer.write(2, {'loss': 1.5}, prefix='eval_')
+  writer.close()
+  assert read_metrics(workdir) == [{'step': 1, 'loss': 2.5},
+                                   {'step': 2, 'eval_loss': 1.5}]
+  (name,) = paths.list_dir(paths.join(workdir, 'tensorboard'))
+  local = tmp_path / name
+  local.write_bytes(paths.read_bytes(paths.join(workdir, 'tensorboard', name)))
+  events = [tf.compat.v1.Event.FromString(record.numpy()) for record in
+            tf.data.TFRecordDataset(str(local))]  # Checks every CRC.
+  assert events[0].file_version == 'brain.Event:2'
+  assert [(e.step, v.tag, v.simple_value) for e in events[1:]
+          for v in e.summary.value] == [(1, 'loss', 2.5), (2, 'eval_loss', 1.5)]
+  EventFile(str(tmp_path / 'tb')).close()  # Local: a file with its header.
+  assert len(os.listdir(tmp_path / 'tb')) == 1
+
+
+def test_a_missing_bucket_fails_before_training_naming_it(tmp_path,
+                                                          gcs_emulator):
+  command = [sys.executable, '-m', 'jaxformer.cli', 'train', '--config',
+             CONFIG, '--workdir', 'gs://no-such-bucket/run']
+  result = subprocess.run(command, capture_output=True, text=True, cwd=tmp_path,
+                          env=dict(os.environ, PYTHONPATH=str(REPO)),
+                          timeout=TIMEOUT)
+  assert result.returncode == 1
+  assert 'error: Cannot write to gs://no-such-bucket/run' in result.stderr
+  assert 'Check that the bucket gs://no-such-bucket exists' in result.stderr
+  assert 'step' not in result.stdout
+  no_gs_folder(tmp_path)
+
+
+# ------------------------------------------------ training and the commands
+
+
+@pytest.mark.slow
+def test_a_gs_workdir_resumes_exactly_after_sigkill_and_serves_the_commands(
+    tmp_path, environment, local_reference, capsys):
+  workdir = 'gs://test-bucket/run'
+  reference_dir, expected = local_reference
+  tokenizer = 'tokenizer/joint.model'
+  paths.write_bytes(paths.join(workdir, tokenizer),
+                    (reference_dir / tokenizer).read_bytes())
+
+  killed = Training(workdir, tmp_path / 'killed', environment)
+  killed.wait_until(lambda: committed_steps(workdir)
+                    and max(r['step'] for r in killed.logged()) >= 12,
+                    'a checkpoint and step 12')
+  killed.process.send_signal(signal.SIGKILL)
+  killed.finish()
+  assert numbers(killed.records()) == numbers(
+      between(expected, 1, killed.records()[-1]['step']))
+
+  restored = committed_steps(workdir)[-1]
+  resumed = Training(workdir, tmp_path / 'resumed', environment)
+  assert resumed.finish() == 0, resumed.output()[-4000:]
+  assert f'Resuming from the checkpoint of step {restored}' in resumed.output()
+  assert numbers(resumed.records()) == numbers(
+      between(expected, restored + 1, NUM_STEPS))
+  assert committed_steps(workdir) == [30, 40]
+  names = paths.list_dir(workdir)
+  for name in ('checkpoints', 'config.json', 'metrics.jsonl', 'tensorboard',
+               'tokenizer'):
+    assert name in names, names
+  assert paths.list_dir(paths.join(workdir, 'checkpoints', '40', 'state'))
+
+  def run(*argv) -> str:
+    capsys.readouterr()
+    assert cli.main(list(argv)) == 0, capsys.readouterr().err
+    return capsys.readouterr().out
+
+  sources = 'gs://test-bucket/sources.txt'
+  paths.write_text(sources, 'he sold three cups .\nwe bought ten apples .\n')
+  translations = run('translate', '--workdir', workdir, '--input', sources,
+                     '--beam', '1')
+  assert len(translations.splitlines()) == 2
+  scores = json.loads(run('evaluate', '--workdir', workdir, '--split', 'test',
+                          '--beam', '1'))
+  assert scores['hypotheses'] == f'{workdir}/test_hypotheses.txt'
+  assert len(paths.read_text(scores['hypotheses']).splitlines()) == 40
+  run('average', '--workdir', workdir, '--last', '2', '--out',
+      'gs://test-bucket/average')
+  assert {'params', 'extra'} <= set(paths.list_dir('gs://test-bucket/average'))
+  assert run('translate', '--workdir', 'gs://test-bucket/average', '--input',
+             sources, '--beam', '1').count('\n') == 2
+  run('attention', '--workdir', workdir, '--src', 'he sold three cups .',
+      '--out', f'{workdir}/attention.png')
+  run('curves', '--workdir', workdir, '--out', f'{workdir}/curves.png')
+  for picture in ('attention.png', 'curves.png'):
+    assert paths.read_bytes(f'{workdir}/{picture}').startswith(b'\x89PNG')
+  no_gs_folder(tmp_path, os.getcwd(), REPO)
+
+
+# ---------------------------------------------------------- two processes
+
+
+def free_port() -> int:
+  with socket.socket() as s:
+    s.bind(('127.0.0.1', 0))
+    return s.getsockname()[1]
+
+
+def train_two_processes(workdir, tmp_path, environment, steps, name):
+  """2 processes x 2 devices, each with its own cwd and HOME; returns the
+  output of process 0."""
+  port = free_port()
+  runs = [Training(workdir, tmp_path / f'{name}{i}', environment,
+                   f'train.num_steps={steps}', process_env=dict(
+                       JAX_COORDINATOR_ADDRESS=f'127.0.0.1:{port}',
+                       JAX_NUM_PROCESSES='2', JAX_PROCESS_ID=str(i)))
+          for i in range(2)]
+  try:
+    for i, run in enumerate(runs):
+      assert run.finish() == 0, f'process {i}:\n{run.output()[-4000:]}'
+  finally:
+    for run in runs:
+      if run.process.poll() is None:
+        run.process.kill()
+  return runs[0].output()
+
+
+@pytest.mark.slow
+def test_two_processes_train_into_one_gs_workdir_and_resume(tmp_path,
+                                                            environment):
+  workdir = 'gs://test-bucket/two-processes'
+  train_two_processes(workdir, tmp_path, environment, 10, 'first')
+  assert committed_steps(workdir) == [10]
+  state = paths.join(workdir, 'checkpoints', '10', 'state')
+  assert {'ocdbt.process_0', 'ocdbt.process_1'} <= set(paths.list_dir(state))
+  assert paths.list_dir(paths.join(workdir, 'tokenizer')) == ['joint.model']
+
+  output = train_two_processes(workdir, tmp_path, environment, 12, 'second')
+  assert 'Resuming from the checkpoint of step 10' in output
+  steps = [r['step'] for r in read_metrics(workdir) if 'loss' in r]
+  assert steps == list(range(1, 13))
+  no_gs_folder(tmp_path)
