@@ -427,6 +427,20 @@ def bucket_lengths(max_length: int) -> list[int]:
   return widths + [max_length]
 
 
+def bucket_batch_shapes(data_config: ml_collections.ConfigDict,
+                        row_multiple: int = 1) -> list[tuple[int, int, int]]:
+  """(global rows, source width, target width) of each bucket's batches:
+  tokens_per_batch // width rows (at least 1) rounded up to a multiple of
+  `row_multiple`, widths capped by each side's max length."""
+  max_source, max_target = data_config.max_source_length, data_config.max_target_length
+  shapes = []
+  for width in bucket_lengths(max(max_source, max_target)):
+    rows = max(data_config.tokens_per_batch // width, 1)
+    shapes.append((-(-rows // row_multiple) * row_multiple,
+                   min(width, max_source), min(width, max_target)))
+  return shapes
+
+
 def _bucket_batches(example_buckets: np.ndarray, rows_per_bucket: np.ndarray
                     ) -> np.ndarray:
   """[batches, 3] (bucket, first, count) into the examples sorted by bucket."""

@@ -1,0 +1,486 @@
+"""`jaxformer compile`: a run's programs compiled ahead of time for a TPU
+topology, on any machine with libtpu installed (`pip install -e ".[tpu]"`).
+
+libtpu's compile-only client lays out every device of the named topology,
+all hosts included, on this machine (`jax.experimental.topologies`); the
+programs are lowered and compiled for them exactly as `jaxformer train`
+builds them (model, optimizer, mesh, axis rules, shardings), but nothing
+runs. Per program: per-device memory against the chip's HBM, the
+collectives in the compiled HLO and XLA's cost model.
+
+Collective counts are instructions in the compiled module: a collective in a
+`nn.scan` loop body counts once, although it runs once per layer. XLA's cost
+model counts a while loop's body once too, so with `model.scan_layers` its
+FLOPs (and time estimate) cover one layer of each stack; the model FLOPs of
+`train/flops.py` do not depend on it.
+"""
+import dataclasses
+import math
+import os
+import re
+import time
+
+import jax
+import jax.numpy as jnp
+import ml_collections
+
+from jaxformer import evaluate
+from jaxformer import parallel
+from jaxformer.data import pipeline
+from jaxformer.model import config as model_config_lib
+from jaxformer.tasks import get_task
+from jaxformer.train import flops as flops_lib
+from jaxformer.train import schedule as schedules
+from jaxformer.train.loop import example_batch
+from jaxformer.train.state import state_shardings
+from jaxformer.train.step import compile_eval_step, compile_train_step
+
+# Another process holding libtpu (a training run on this TPU VM, a second
+# test worker) must not stop a compile-only client, which uses no TPU.
+os.environ.setdefault('ALLOW_MULTIPLE_LIBTPU_LOAD', '1')
+
+GIB = 1024 ** 3
+COLLECTIVES = ('all-reduce', 'all-gather', 'reduce-scatter', 'all-to-all',
+               'collective-permute')
+
+
+@dataclasses.dataclass(frozen=True)
+class Chip:
+  kind: str  # As in libtpu's topology name ('v5e:2x4').
+  hbm_gib: float
+  peak_bf16_flops: float  # Per chip (both TensorCores of a megacore chip).
+
+
+CHIPS = {
+    'v4': Chip('v4', 32, 275e12),
+    'v5e': Chip('v5e', 16, 197e12),
+    'v5p': Chip('v5p', 95, 459e12),
+    'v6e': Chip('v6e', 32, 918e12),
+}
+
+
+@dataclasses.dataclass(frozen=True)
+class Topology:
+  """A Google accelerator type: v4 and v5p names count TensorCores (2 per
+  chip, one JAX device per chip), v5e and v6e names count chips."""
+  name: str
+  chip: Chip
+  grid: str  # Chips along each axis of the slice.
+  chips_per_host: tuple[int, int, int] | None = None  # None: libtpu's default.
+
+  @property
+  def chips(self) -> int:
+    return math.prod(int(n) for n in self.grid.split('x'))
+
+
+def _topologies():
+  table = {}
+  for cores, grid in ((8, '2x2x1'), (16, '2x2x2'), (32, '2x2x4'),
+                      (64, '2x4x4')):
+    table[f'v4-{cores}'] = Topology(f'v4-{cores}', CHIPS['v4'], grid)
+  for cores, grid in ((8, '2x2x1'), (16, '2x2x2'), (32, '2x2x4'),
+                      (64, '2x4x4'), (128, '4x4x4'), (512, '4x8x8')):
+    table[f'v5p-{cores}'] = Topology(f'v5p-{cores}', CHIPS['v5p'], grid)
+  for chip in ('v5e', 'v6e'):
+    for chips, grid in ((4, '2x2'), (8, '2x4'), (16, '4x4'), (32, '4x8'),
+                        (64, '8x8'), (128, '8x16'), (256, '16x16')):
+      # A -8 slice is one host of 8 chips; larger ones have 4 per host.
+      table[f'{chip}-{chips}'] = Topology(
+          f'{chip}-{chips}', CHIPS[chip], grid,
+          (2, 4, 1) if chips == 8 else None)
+  return table
+
+
+TOPOLOGIES = _topologies()
+
+
+def topology(name: str) -> Topology:
+  if name not in TOPOLOGIES:
+    raise ValueError(f'Unknown topology {name!r}; known: '
+                     f'{", ".join(TOPOLOGIES)}.')
+  return TOPOLOGIES[name]
+
+
+def topology_devices(topo: Topology) -> list:
+  """The compile-only devices of `topo`, one per chip, all hosts."""
+  from jax.experimental import topologies
+  try:
+    import libtpu  # noqa: F401
+  except ImportError:
+    raise RuntimeError(
+        'jaxformer compile needs libtpu: pip install -e ".[tpu]" (wheels '
+        'exist for Linux x86_64 only).') from None
+  kwargs = {}
+  if topo.chip.kind in ('v4',):  # One device per chip, as on a v4 VM.
+    kwargs['chip_config_name'] = 'megacore'
+  if topo.chips_per_host:
+    kwargs['chips_per_host_bounds'] = topo.chips_per_host
+  description = topologies.get_topology_desc(
+      f'{topo.chip.kind}:{topo.grid}', 'tpu', **kwargs)
+  return list(description.devices)
+
+
+# ---------------------------------------------------------------- HLO text
+
+_DTYPE_BYTES = {'pred': 1, 's4': 0.5, 'u4': 0.5, 's8': 1, 'u8': 1, 's16': 2,
+                'u16': 2, 'f16': 2, 'bf16': 2, 's32': 4, 'u32': 4, 'f32': 4,
+                's64': 8, 'u64': 8, 'f64': 8, 'c64': 8, 'c128': 16}
+_ARRAY = re.compile(r'\b([a-z]+[0-9]+[a-z0-9]*|pred)\[([0-9,]*)\]')
+_INSTRUCTION = re.compile(r'^\s*(?:ROOT\s+)?%?([\w.\-]+)\s*=\s*(.*)$')
+
+
+def shape_bytes(shape: str) -> float:
+  """Bytes of an HLO shape ('bf16[8,128]{1,0}', a tuple of them, ...)."""
+  total = 0.0
+  for dtype, dims in _ARRAY.findall(shape):
+    if dtype.startswith('f8'):
+      size = 1
+    else:
+      size = _DTYPE_BYTES.get(dtype, 0)
+    total += size * math.prod(int(d) for d in dims.split(',') if d)
+  return total
+
+
+def _split_shape(rest: str) -> tuple[str, str]:
+  """'SHAPE opcode(...)...' -> (SHAPE, 'opcode(...)...'); tuple shapes are
+  parenthesised and may hold spaces."""
+  if rest.startswith('('):
+    depth = 0
+    for i, char in enumerate(rest):
+      depth += {'(': 1, ')': -1}.get(char, 0)
+      if depth == 0:
+        return rest[:i + 1], rest[i + 1:].lstrip()
+  shape, _, tail = rest.partition(' ')
+  return shape, tail
+
+
+def _operands(call: str) -> list[str]:
+  """Operand names of 'opcode(%a, %b), attrs...'."""
+  inner, depth = [], 0
+  for char in call[call.index('(') + 1:]:
+    if char == '(':
+      depth += 1
+    elif char == ')':
+      if depth == 0:
+        break
+      depth -= 1
+    inner.append(char)
+  return re.findall(r'%([\w.\-]+)', ''.join(inner))
+
+
+def collective_stats(hlo_text: str) -> dict[str, dict[str, float]]:
+  """Count and operand bytes (per device) of each collective in a compiled
+  HLO module's text. An asynchronous pair (`all-gather-start` /
+  `-done`) counts once."""
+  shapes, calls = {}, []
+  for line in hlo_text.splitlines():
+    match = _INSTRUCTION.match(line)
+    if not match:
+      continue
+    name, rest = match.groups()
+    shape, call = _split_shape(rest)
+    shapes[name] = shape
+    opcode = call.split('(', 1)[0]
+    base = opcode.removesuffix('-start')
+    if base in COLLECTIVES and '(' in call:
+      calls.append((base, _operands(call)))
+  stats = {op: {'count': 0, 'bytes': 0.0} for op in COLLECTIVES}
+  for op, operands in calls:
+    stats[op]['count'] += 1
+    stats[op]['bytes'] += sum(shape_bytes(shapes.get(o, '')) for o in operands)
+  return stats
+
+
+# ------------------------------------------------------- compiled programs
+
+def memory_stats(compiled) -> dict[str, float]:
+  """Per-device bytes; total = arguments + outputs - aliased + temporaries
+  + generated code."""
+  m = compiled.memory_analysis()
+  stats = {'arguments': m.argument_size_in_bytes,
+           'outputs': m.output_size_in_bytes,
+           'aliased': m.alias_size_in_bytes,
+           'temporaries': m.temp_size_in_bytes,
+           'code': m.generated_code_size_in_bytes}
+  stats['total'] = (stats['arguments'] + stats['outputs'] - stats['aliased']
+                    + stats['temporaries'] + stats['code'])
+  return {k: float(v) for k, v in stats.items()}
+
+
+def cost_stats(compiled) -> tuple[float, float | None]:
+  """(FLOPs per device, estimated seconds or None) from XLA's cost model;
+  a non-positive estimate is no estimate."""
+  cost = compiled.cost_analysis()
+  if isinstance(cost, (list, tuple)):
+    cost = cost[0] if cost else {}
+  seconds = float(cost.get('optimal_seconds', 0.0) or 0.0)
+  return float(cost.get('flops', 0.0)), seconds if seconds > 0 else None
+
+
+@dataclasses.dataclass
+class Program:
+  """One program of a run: `lower()` returns its `jax.stages.Lowered`."""
+  name: str
+  kind: str  # train | eval | decode
+  lower: object
+  model_flops: float | None = None  # Per step, all devices (train only).
+
+
+def batch_struct(rows: int, source: int, target: int,
+                 mesh) -> dict[str, jax.ShapeDtypeStruct]:
+  """A global translation batch [rows, source|target] split over the batch
+  axes."""
+  sharding = parallel.batch_sharding(mesh)
+  return {prefix + suffix: jax.ShapeDtypeStruct((rows, width), jnp.int32,
+                                                sharding=sharding)
+          for prefix, width in (('inputs', source), ('targets', target))
+          for suffix in ('', '_segment_ids', '_positions')}
+
+
+def train_shapes(config: ml_collections.ConfigDict, row_multiple: int,
+                 buckets=None) -> list[tuple[int, int, int]]:
+  """(global rows, source width, target width) of every batch the input
+  pipeline can produce ('bucket': each bucket, or those of width in
+  `buckets`; 'pack': the one shape)."""
+  data = config.data
+  if data.batching == 'pack':
+    return [(data.batch_size, data.max_source_length, data.max_target_length)]
+  shapes = pipeline.bucket_batch_shapes(data, row_multiple)
+  if buckets:
+    widths = {max(s, t) for _, s, t in shapes}
+    unknown = sorted(set(buckets) - widths)
+    if unknown:
+      raise ValueError(f'--buckets {unknown}: not a bucket width of this '
+                       f'config; its widths are {sorted(widths)}.')
+    shapes = [shape for shape in shapes if max(shape[1:]) in buckets]
+  return shapes
+
+
+def _check_rows(what: str, rows: int, mesh, key: str):
+  split = mesh.shape['data'] * mesh.shape['fsdp']
+  if rows % split:
+    raise ValueError(
+        f'{what}: {rows} rows do not divide over the batch axes data x fsdp '
+        f'= {split}; set {key} so that they do.')
+
+
+def build_programs(config: ml_collections.ConfigDict, mesh, process_count: int,
+                   kinds=('train', 'eval', 'decode'), buckets=None
+                   ) -> list[Program]:
+  """The run's programs on `mesh`, as `jaxformer train` and `evaluate`
+  build them: the train step for each batch shape, the eval step and the
+  decode loop (beam search of config.decode.beam_size; greedy if 1)."""
+  model_config = model_config_lib.from_config_dict(config.model)
+  task = get_task(config.task)
+  if task.name != 'translation':
+    raise ValueError(f'jaxformer compile supports task=translation, not '
+                     f'{task.name!r}.')
+  train = config.train
+  rules = parallel.axis_rules(config.mesh.axis_rules)
+  schedule = schedules.make_schedule(train, model_config.d_model)
+  tx = schedules.make_optimizer(train, schedule)
+  abstract, shardings = state_shardings(
+      task, task.model(model_config), tx, example_batch(config), mesh, rules,
+      train.prng_impl)
+  state = jax.tree.map(
+      lambda a, s: jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=s),
+      abstract, shardings)
+  programs = []
+
+  def under_mesh(fn):
+    def lower(*args):
+      with parallel.activate(mesh, rules):
+        return fn().lower(*args)
+    return lower
+
+  if 'train' in kinds:
+    accum = train.grad_accum_steps
+    row_multiple = math.lcm(
+        process_count, mesh.shape['data'] * mesh.shape['fsdp'] * accum)
+    step = lambda: compile_train_step(  # noqa: E731
+        mesh, shardings, task=task,
+        model=task.model(model_config, deterministic=False), tx=tx,
+        schedule=schedule, label_smoothing=train.label_smoothing,
+        grad_accum_steps=accum, prng_impl=train.prng_impl)
+    for rows, source, target in train_shapes(config, row_multiple, buckets):
+      _check_rows(f'train batch {rows}x({source}+{target})', rows // accum,
+                  mesh, 'data.batch_size / data.tokens_per_batch')
+      batch = batch_struct(rows, source, target, mesh)
+      programs.append(Program(
+          f'train {rows}x({source}+{target})', 'train',
+          lambda b=batch: under_mesh(step)(state, b),
+          flops_lib.training_flops_per_step(model_config, task.name, rows,
+                                            source, target)))
+  data = config.data
+  if 'eval' in kinds:
+    rows = -(-data.batch_size // process_count) * process_count
+    _check_rows(f'eval batch of {rows} rows', rows, mesh, 'data.batch_size')
+    batch = batch_struct(rows, data.max_source_length, data.max_target_length,
+                         mesh)
+    eval_step = lambda: compile_eval_step(  # noqa: E731
+        mesh, shardings.params, task=task, model=task.model(model_config))
+    programs.append(Program(
+        f'eval {rows}x({data.max_source_length}+{data.max_target_length})',
+        'eval', lambda: under_mesh(eval_step)(state.params, batch)))
+  if 'decode' in kinds:
+    programs.append(_decode_program(config, model_config, mesh, state.params,
+                                    under_mesh))
+  return programs
+
+
+def _decode_program(config, model_config, mesh, params, under_mesh):
+  """The decode loop of `evaluate.decode_split` (`jaxformer evaluate` and
+  the final test-split report): its batch size, lengths and beam."""
+  data, settings = config.data, config.decode
+  split = mesh.shape['data'] * mesh.shape['fsdp']
+  rows = -(-settings.batch_size // split) * split
+  decode_len = min(model_config.max_len,
+                   data.max_target_length + settings.max_extra_len)
+  inputs = jax.ShapeDtypeStruct((rows, data.max_source_length), jnp.int32,
+                                sharding=parallel.batch_sharding(mesh))
+  beam = settings.beam_size
+
+  def decode_fn():
+    return jax.jit(lambda p, x: evaluate.decode_tokens(
+        p, model_config, x, beam_size=beam, alpha=settings.alpha,
+        max_decode_len=decode_len))
+  what = f'beam {beam}' if beam > 1 else 'greedy'
+  return Program(f'decode {what} {rows}x{data.max_source_length}->'
+                 f'{decode_len}', 'decode',
+                 lambda: under_mesh(decode_fn)(params, inputs))
+
+
+def program_report(program: Program, topo: Topology, num_devices: int
+                   ) -> dict:
+  """Compiles `program` and measures it (see the module docstring)."""
+  start = time.perf_counter()
+  compiled = program.lower().compile()
+  seconds_to_compile = time.perf_counter() - start
+  memory = memory_stats(compiled)
+  flops, seconds = cost_stats(compiled)
+  hbm = topo.chip.hbm_gib * GIB
+  report = {
+      'program': program.name, 'kind': program.kind,
+      'compile_seconds': round(seconds_to_compile, 1),
+      'memory_gib': {k: v / GIB for k, v in memory.items()},
+      'hbm_gib': topo.chip.hbm_gib, 'fits': memory['total'] <= hbm,
+      'shortfall_gib': max(0.0, (memory['total'] - hbm) / GIB),
+      'collectives': collective_stats(compiled.as_text()),
+      'flops_per_device': flops, 'estimated_seconds': seconds,
+      'model_flops_per_device': None, 'mfu': None,
+  }
+  if program.model_flops:
+    per_device = program.model_flops / num_devices
+    report['model_flops_per_device'] = per_device
+    if seconds:
+      report['mfu'] = per_device / seconds / topo.chip.peak_bf16_flops
+  return report
+
+
+def with_expected_vocabulary(config: ml_collections.ConfigDict
+                             ) -> ml_collections.ConfigDict:
+  """`jaxformer train` sizes the model's vocabulary by its tokenizer: one
+  trained to data.tokenizer.vocab_size pieces, unless a model file is given
+  (then model.vocab_size stands for it)."""
+  tokenizer = config.data.tokenizer
+  if tokenizer.model_path or tokenizer.source_model_path:
+    return config
+  config = ml_collections.ConfigDict(config.to_dict())
+  config.model.vocab_size = tokenizer.vocab_size
+  config.model.target_vocab_size = 0
+  return config
+
+
+def compile_run(config: ml_collections.ConfigDict, topology_name: str,
+                kinds=('train', 'eval', 'decode'), buckets=None,
+                log=None) -> dict:
+  """Compiles the run of `config` for `topology_name`; returns the report
+  ('programs': one `program_report` each)."""
+  topo = topology(topology_name)
+  config = with_expected_vocabulary(config)
+  devices = topology_devices(topo)
+  mesh = parallel.make_mesh(
+      {axis: config.mesh[axis] for axis in parallel.MESH_AXES}, devices)
+  hosts = len({d.process_index for d in devices})
+  programs = build_programs(config, mesh, hosts, kinds, buckets)
+  reports = []
+  for program in programs:
+    reports.append(program_report(program, topo, len(devices)))
+    if log:
+      log(format_program(reports[-1]))
+  return {'topology': topo.name, 'chips': len(devices), 'hosts': hosts,
+          'vocab_size': config.model.vocab_size,
+          'device_kind': devices[0].device_kind,
+          'hbm_gib': topo.chip.hbm_gib,
+          'peak_bf16_flops': topo.chip.peak_bf16_flops,
+          'mesh': dict(mesh.shape), 'programs': reports}
+
+
+# ------------------------------------------------------------------ output
+
+LEVERS = {
+    'train': ('--config.mesh.fsdp=N (shard parameters and optimizer state '
+              'over N chips)', '--config.model.remat_policy=full or dots '
+              '(recompute activations in the backward pass)',
+              '--config.model.scan_layers=true (one layer of activations '
+              'live at a time under remat)',
+              'a smaller batch (data.tokens_per_batch or data.batch_size)',
+              '--config.train.grad_accum_steps=K (the same batch in K '
+              'microbatches)'),
+    'eval': ('--config.mesh.fsdp=N', 'a smaller data.batch_size'),
+    'decode': ('--config.mesh.fsdp=N', 'a smaller decode.batch_size or '
+               'decode.beam_size'),
+}
+
+
+def misfit_message(report: dict) -> str:
+  """What to change, for each program that does not fit ('' if all do)."""
+  lines = []
+  for program in report['programs']:
+    if program['fits']:
+      continue
+    lines.append(
+        f'{program["program"]} does not fit: '
+        f'{program["memory_gib"]["total"]:.2f} GiB per chip, '
+        f'{program["shortfall_gib"]:.2f} GiB more than the '
+        f'{program["hbm_gib"]:g} GiB of HBM. Levers: '
+        + '; '.join(LEVERS[program['kind']]) + '.')
+  return '\n'.join(lines)
+
+
+def _bytes(n: float) -> str:
+  return f'{n / GIB:.2f} GiB' if n >= GIB / 10 else f'{n / 1024 ** 2:.1f} MiB'
+
+
+def format_program(p: dict) -> str:
+  m = p['memory_gib']
+  lines = [
+      f'{p["program"]}  (compiled in {p["compile_seconds"]:.0f} s)',
+      f'  memory per chip: {m["arguments"]:.2f} GiB arguments, '
+      f'{m["temporaries"]:.2f} temporaries, {m["outputs"]:.2f} outputs, '
+      f'{m["aliased"]:.2f} aliased, {m["total"]:.2f} total of '
+      f'{p["hbm_gib"]:g} GiB HBM: fits: {"yes" if p["fits"] else "no"}',
+      '  collectives: ' + ', '.join(
+          f'{op} {s["count"]}' + (f' ({_bytes(s["bytes"])})' if s['count']
+                                  else '')
+          for op, s in p['collectives'].items())]
+  cost = f'  cost model: {p["flops_per_device"] / 1e12:.3f} TFLOP per chip'
+  if p['estimated_seconds'] is None:
+    cost += ', no estimate'
+  else:
+    cost += f', {p["estimated_seconds"] * 1e3:.1f} ms'
+    if p['mfu'] is not None:
+      cost += f', MFU {100 * p["mfu"]:.0f}%'
+  if p['model_flops_per_device']:
+    cost += (f'; model FLOPs {p["model_flops_per_device"] / 1e12:.3f} '
+             'TFLOP per chip')
+  lines.append(cost)
+  return '\n'.join(lines)
+
+
+def format_header(report: dict) -> str:
+  mesh = ' '.join(f'{k}={v}' for k, v in report['mesh'].items())
+  return (f'{report["topology"]}: {report["chips"]} x {report["device_kind"]}'
+          f' on {report["hosts"]} host(s), {report["hbm_gib"]:g} GiB HBM and '
+          f'{report["peak_bf16_flops"] / 1e12:.0f} TFLOP/s bf16 per chip; '
+          f'mesh {mesh}; vocabulary {report["vocab_size"]}')
