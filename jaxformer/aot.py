@@ -170,9 +170,18 @@ def _operands(call: str) -> list[str]:
 
 def collective_stats(hlo_text: str) -> dict[str, dict[str, float]]:
   """Count and operand bytes (per device) of each collective in a compiled
-  HLO module's text. An asynchronous pair (`all-gather-start` /
-  `-done`) counts once."""
+  HLO module's text; an asynchronous pair (`all-gather-start` / `-done`)
+  counts once.
+
+  'windowed' counts the all-gathers and reduce-scatters that XLA's TPU
+  backend fused with their matmul into a windowed einsum: a loop of
+  collective-permutes around a ring, each step overlapped with a partial
+  matmul. FSDP's gradient reduce-scatters mostly take this form, so they
+  show up as collective-permutes, not as reduce-scatter instructions.
+  """
   shapes, calls = {}, []
+  stats = {op: {'count': 0, 'bytes': 0.0, 'windowed': 0}
+           for op in COLLECTIVES}
   for line in hlo_text.splitlines():
     match = _INSTRUCTION.match(line)
     if not match:
@@ -184,7 +193,13 @@ def collective_stats(hlo_text: str) -> dict[str, dict[str, float]]:
     base = opcode.removesuffix('-start')
     if base in COLLECTIVES and '(' in call:
       calls.append((base, _operands(call)))
-  stats = {op: {'count': 0, 'bytes': 0.0} for op in COLLECTIVES}
+    elif opcode == 'while':
+      body = re.search(r'body=%?([\w.\-]+)', call)
+      kind = re.search(r'windowed_dot_general_body_(ag|rs)',
+                       body.group(1) if body else '')
+      if kind:
+        op = 'all-gather' if kind.group(1) == 'ag' else 'reduce-scatter'
+        stats[op]['windowed'] += 1
   for op, operands in calls:
     stats[op]['count'] += 1
     stats[op]['bytes'] += sum(shape_bytes(shapes.get(o, '')) for o in operands)
@@ -463,6 +478,8 @@ def format_program(p: dict) -> str:
       '  collectives: ' + ', '.join(
           f'{op} {s["count"]}' + (f' ({_bytes(s["bytes"])})' if s['count']
                                   else '')
+          + (f' + {s["windowed"]} in windowed einsums' if s['windowed']
+             else '')
           for op, s in p['collectives'].items())]
   cost = f'  cost model: {p["flops_per_device"] / 1e12:.3f} TFLOP per chip'
   if p['estimated_seconds'] is None:
