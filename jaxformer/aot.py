@@ -17,7 +17,6 @@ FLOPs (and time estimate) cover one layer of each stack; the model FLOPs of
 import dataclasses
 import math
 import os
-import re
 import time
 
 import jax
@@ -25,6 +24,7 @@ import jax.numpy as jnp
 import ml_collections
 
 from jaxformer import evaluate
+from jaxformer import hlo
 from jaxformer import parallel
 from jaxformer.data import pipeline
 from jaxformer.model import config as model_config_lib
@@ -40,8 +40,6 @@ from jaxformer.train.step import compile_eval_step, compile_train_step
 os.environ.setdefault('ALLOW_MULTIPLE_LIBTPU_LOAD', '1')
 
 GIB = 1024 ** 3
-COLLECTIVES = ('all-reduce', 'all-gather', 'reduce-scatter', 'all-to-all',
-               'collective-permute')
 
 
 @dataclasses.dataclass(frozen=True)
@@ -120,92 +118,6 @@ def topology_devices(topo: Topology) -> list:
   return list(description.devices)
 
 
-# ---------------------------------------------------------------- HLO text
-
-_DTYPE_BYTES = {'pred': 1, 's4': 0.5, 'u4': 0.5, 's8': 1, 'u8': 1, 's16': 2,
-                'u16': 2, 'f16': 2, 'bf16': 2, 's32': 4, 'u32': 4, 'f32': 4,
-                's64': 8, 'u64': 8, 'f64': 8, 'c64': 8, 'c128': 16}
-_ARRAY = re.compile(r'\b([a-z]+[0-9]+[a-z0-9]*|pred)\[([0-9,]*)\]')
-_INSTRUCTION = re.compile(r'^\s*(?:ROOT\s+)?%?([\w.\-]+)\s*=\s*(.*)$')
-
-
-def shape_bytes(shape: str) -> float:
-  """Bytes of an HLO shape ('bf16[8,128]{1,0}', a tuple of them, ...)."""
-  total = 0.0
-  for dtype, dims in _ARRAY.findall(shape):
-    if dtype.startswith('f8'):
-      size = 1
-    else:
-      size = _DTYPE_BYTES.get(dtype, 0)
-    total += size * math.prod(int(d) for d in dims.split(',') if d)
-  return total
-
-
-def _split_shape(rest: str) -> tuple[str, str]:
-  """'SHAPE opcode(...)...' -> (SHAPE, 'opcode(...)...'); tuple shapes are
-  parenthesised and may hold spaces."""
-  if rest.startswith('('):
-    depth = 0
-    for i, char in enumerate(rest):
-      depth += {'(': 1, ')': -1}.get(char, 0)
-      if depth == 0:
-        return rest[:i + 1], rest[i + 1:].lstrip()
-  shape, _, tail = rest.partition(' ')
-  return shape, tail
-
-
-def _operands(call: str) -> list[str]:
-  """Operand names of 'opcode(%a, %b), attrs...'."""
-  inner, depth = [], 0
-  for char in call[call.index('(') + 1:]:
-    if char == '(':
-      depth += 1
-    elif char == ')':
-      if depth == 0:
-        break
-      depth -= 1
-    inner.append(char)
-  return re.findall(r'%([\w.\-]+)', ''.join(inner))
-
-
-def collective_stats(hlo_text: str) -> dict[str, dict[str, float]]:
-  """Count and operand bytes (per device) of each collective in a compiled
-  HLO module's text; an asynchronous pair (`all-gather-start` / `-done`)
-  counts once.
-
-  'windowed' counts the all-gathers and reduce-scatters that XLA's TPU
-  backend fused with their matmul into a windowed einsum: a loop of
-  collective-permutes around a ring, each step overlapped with a partial
-  matmul. FSDP's gradient reduce-scatters mostly take this form, so they
-  show up as collective-permutes, not as reduce-scatter instructions.
-  """
-  shapes, calls = {}, []
-  stats = {op: {'count': 0, 'bytes': 0.0, 'windowed': 0}
-           for op in COLLECTIVES}
-  for line in hlo_text.splitlines():
-    match = _INSTRUCTION.match(line)
-    if not match:
-      continue
-    name, rest = match.groups()
-    shape, call = _split_shape(rest)
-    shapes[name] = shape
-    opcode = call.split('(', 1)[0]
-    base = opcode.removesuffix('-start')
-    if base in COLLECTIVES and '(' in call:
-      calls.append((base, _operands(call)))
-    elif opcode == 'while':
-      body = re.search(r'body=%?([\w.\-]+)', call)
-      kind = re.search(r'windowed_dot_general_body_(ag|rs)',
-                       body.group(1) if body else '')
-      if kind:
-        op = 'all-gather' if kind.group(1) == 'ag' else 'reduce-scatter'
-        stats[op]['windowed'] += 1
-  for op, operands in calls:
-    stats[op]['count'] += 1
-    stats[op]['bytes'] += sum(shape_bytes(shapes.get(o, '')) for o in operands)
-  return stats
-
-
 # ------------------------------------------------------- compiled programs
 
 def memory_stats(compiled) -> dict[str, float]:
@@ -241,24 +153,35 @@ class Program:
   model_flops: float | None = None  # Per step, all devices (train only).
 
 
-def batch_struct(rows: int, source: int, target: int,
-                 mesh) -> dict[str, jax.ShapeDtypeStruct]:
-  """A global translation batch [rows, source|target] split over the batch
-  axes."""
+def batch_struct(config: ml_collections.ConfigDict, rows: int, source: int,
+                 target: int, mesh) -> dict[str, jax.ShapeDtypeStruct]:
+  """A global batch of `config.task` split over the batch axes: 'inputs'
+  [rows, source] and/or 'targets' [rows, target] int32 with their segment
+  ids and positions, 'labels' [rows] (classification), 'values' [rows,
+  regression_dim] (regression)."""
   sharding = parallel.batch_sharding(mesh)
-  return {prefix + suffix: jax.ShapeDtypeStruct((rows, width), jnp.int32,
-                                                sharding=sharding)
-          for prefix, width in (('inputs', source), ('targets', target))
-          for suffix in ('', '_segment_ids', '_positions')}
+
+  def array(shape, dtype=jnp.int32):
+    return jax.ShapeDtypeStruct(shape, dtype, sharding=sharding)
+  sides = {'translation': (('inputs', source), ('targets', target)),
+           'language_model': (('targets', target),)}.get(
+               config.task, (('inputs', source),))
+  batch = {prefix + suffix: array((rows, width)) for prefix, width in sides
+           for suffix in ('', '_segment_ids', '_positions')}
+  if config.task == 'classification':
+    batch['labels'] = array((rows,))
+  elif config.task == 'regression':
+    batch['values'] = array((rows, config.model.regression_dim), jnp.float32)
+  return batch
 
 
 def train_shapes(config: ml_collections.ConfigDict, row_multiple: int,
                  buckets=None) -> list[tuple[int, int, int]]:
   """(global rows, source width, target width) of every batch the input
   pipeline can produce ('bucket': each bucket, or those of width in
-  `buckets`; 'pack': the one shape)."""
+  `buckets`; 'pack' and the other tasks: the one shape)."""
   data = config.data
-  if data.batching == 'pack':
+  if data.batching == 'pack' or config.task != 'translation':
     return [(data.batch_size, data.max_source_length, data.max_target_length)]
   shapes = pipeline.bucket_batch_shapes(data, row_multiple)
   if buckets:
@@ -269,6 +192,12 @@ def train_shapes(config: ml_collections.ConfigDict, row_multiple: int,
                        f'config; its widths are {sorted(widths)}.')
     shapes = [shape for shape in shapes if max(shape[1:]) in buckets]
   return shapes
+
+
+def _shape_name(config, rows: int, source: int, target: int) -> str:
+  if config.task == 'translation':
+    return f'{rows}x({source}+{target})'
+  return f'{rows}x{target if config.task == "language_model" else source}'
 
 
 def _check_rows(what: str, rows: int, mesh, key: str):
@@ -283,13 +212,11 @@ def build_programs(config: ml_collections.ConfigDict, mesh, process_count: int,
                    kinds=('train', 'eval', 'decode'), buckets=None
                    ) -> list[Program]:
   """The run's programs on `mesh`, as `jaxformer train` and `evaluate`
-  build them: the train step for each batch shape, the eval step and the
-  decode loop (beam search of config.decode.beam_size; greedy if 1)."""
+  build them: the train step for each batch shape, the eval step and, for
+  translation, the decode loop (beam search of config.decode.beam_size;
+  greedy if 1)."""
   model_config = model_config_lib.from_config_dict(config.model)
   task = get_task(config.task)
-  if task.name != 'translation':
-    raise ValueError(f'jaxformer compile supports task=translation, not '
-                     f'{task.name!r}.')
   train = config.train
   rules = parallel.axis_rules(config.mesh.axis_rules)
   schedule = schedules.make_schedule(train, model_config.d_model)
@@ -318,11 +245,12 @@ def build_programs(config: ml_collections.ConfigDict, mesh, process_count: int,
         schedule=schedule, label_smoothing=train.label_smoothing,
         grad_accum_steps=accum, prng_impl=train.prng_impl)
     for rows, source, target in train_shapes(config, row_multiple, buckets):
-      _check_rows(f'train batch {rows}x({source}+{target})', rows // accum,
-                  mesh, 'data.batch_size / data.tokens_per_batch')
-      batch = batch_struct(rows, source, target, mesh)
+      name = _shape_name(config, rows, source, target)
+      _check_rows(f'train batch {name}', rows // accum, mesh,
+                  'data.batch_size / data.tokens_per_batch')
+      batch = batch_struct(config, rows, source, target, mesh)
       programs.append(Program(
-          f'train {rows}x({source}+{target})', 'train',
+          f'train {name}', 'train',
           lambda b=batch: under_mesh(step)(state, b),
           flops_lib.training_flops_per_step(model_config, task.name, rows,
                                             source, target)))
@@ -330,14 +258,16 @@ def build_programs(config: ml_collections.ConfigDict, mesh, process_count: int,
   if 'eval' in kinds:
     rows = -(-data.batch_size // process_count) * process_count
     _check_rows(f'eval batch of {rows} rows', rows, mesh, 'data.batch_size')
-    batch = batch_struct(rows, data.max_source_length, data.max_target_length,
-                         mesh)
+    batch = batch_struct(config, rows, data.max_source_length,
+                         data.max_target_length, mesh)
     eval_step = lambda: compile_eval_step(  # noqa: E731
         mesh, shardings.params, task=task, model=task.model(model_config))
+    name = _shape_name(config, rows, data.max_source_length,
+                       data.max_target_length)
     programs.append(Program(
-        f'eval {rows}x({data.max_source_length}+{data.max_target_length})',
-        'eval', lambda: under_mesh(eval_step)(state.params, batch)))
-  if 'decode' in kinds:
+        f'eval {name}', 'eval',
+        lambda: under_mesh(eval_step)(state.params, batch)))
+  if 'decode' in kinds and task.name == 'translation':
     programs.append(_decode_program(config, model_config, mesh, state.params,
                                     under_mesh))
   return programs
@@ -380,7 +310,7 @@ def program_report(program: Program, topo: Topology, num_devices: int
       'memory_gib': {k: v / GIB for k, v in memory.items()},
       'hbm_gib': topo.chip.hbm_gib, 'fits': memory['total'] <= hbm,
       'shortfall_gib': max(0.0, (memory['total'] - hbm) / GIB),
-      'collectives': collective_stats(compiled.as_text()),
+      'collectives': hlo.collective_stats(compiled.as_text()),
       'flops_per_device': flops, 'estimated_seconds': seconds,
       'model_flops_per_device': None, 'mfu': None,
   }
@@ -396,13 +326,15 @@ def with_expected_vocabulary(config: ml_collections.ConfigDict
                              ) -> ml_collections.ConfigDict:
   """`jaxformer train` sizes the model's vocabulary by its tokenizer: one
   trained to data.tokenizer.vocab_size pieces, unless a model file is given
-  (then model.vocab_size stands for it)."""
+  (then model.vocab_size stands for it). Classes: data.labels if given,
+  else model.num_classes (train reads them from the data)."""
   tokenizer = config.data.tokenizer
-  if tokenizer.model_path or tokenizer.source_model_path:
-    return config
   config = ml_collections.ConfigDict(config.to_dict())
-  config.model.vocab_size = tokenizer.vocab_size
-  config.model.target_vocab_size = 0
+  if config.data.labels:
+    config.model.num_classes = len(config.data.labels)
+  if not (tokenizer.model_path or tokenizer.source_model_path):
+    config.model.vocab_size = tokenizer.vocab_size
+    config.model.target_vocab_size = 0
   return config
 
 

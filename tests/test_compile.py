@@ -15,6 +15,7 @@ pytest.importorskip(
 
 from jaxformer import aot  # noqa: E402
 from jaxformer import cli  # noqa: E402
+from jaxformer import hlo  # noqa: E402
 from jaxformer.config import load_config  # noqa: E402
 from jaxformer.data import pipeline  # noqa: E402
 
@@ -54,7 +55,7 @@ ENTRY %main (p0: f32[16,1024], p1: bf16[4,8]) -> (f32[], bf16[64,8]) {
 
 
 def test_collectives_are_counted_once_with_their_operand_bytes():
-  stats = aot.collective_stats(HLO)
+  stats = hlo.collective_stats(HLO)
   assert stats['all-reduce'] == {'count': 1, 'bytes': 16 * 1024 * 4 + 64,
                                  'windowed': 0}
   # An asynchronous start/done pair counts once.
@@ -68,8 +69,8 @@ def test_collectives_are_counted_once_with_their_operand_bytes():
 
 
 def test_shape_bytes():
-  assert aot.shape_bytes('bf16[8,128]{1,0:T(8,128)(2,1)}') == 2048
-  assert aot.shape_bytes('(f32[2]{0}, s32[], pred[3])') == 8 + 4 + 3
+  assert hlo.shape_bytes('bf16[8,128]{1,0:T(8,128)(2,1)}') == 2048
+  assert hlo.shape_bytes('(f32[2]{0}, s32[], pred[3])') == 8 + 4 + 3
 
 
 def test_topology_names_follow_google_accelerator_types():
