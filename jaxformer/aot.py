@@ -6,13 +6,17 @@ all hosts included, on this machine (`jax.experimental.topologies`); the
 programs are lowered and compiled for them exactly as `jaxformer train`
 builds them (model, optimizer, mesh, axis rules, shardings), but nothing
 runs. Per program: per-device memory against the chip's HBM, the
-collectives in the compiled HLO and XLA's cost model.
+collectives in the compiled HLO and XLA's cost model. One difference from a
+TPU host: code that chooses a path by `jax.default_backend()` (the CPU-only
+decoding shortcuts of `decode.py` and `layers.matmuls_by_transposed`, for at
+most 64 rows) sees this machine's backend.
 
-Collective counts are instructions in the compiled module: a collective in a
-`nn.scan` loop body counts once, although it runs once per layer. XLA's cost
-model counts a while loop's body once too, so with `model.scan_layers` its
-FLOPs (and time estimate) cover one layer of each stack; the model FLOPs of
-`train/flops.py` do not depend on it.
+Collective counts are instructions in the compiled module: one in a loop
+body (`model.scan_layers`) counts once, although it runs once per layer.
+XLA's cost model also counts a loop's body once, for `nn.scan` and for the
+windowed einsums of FSDP on TPU (see `train/flops.py`), so its FLOPs can fall
+short of the model's; the MFU printed uses the model FLOPs of
+`train/flops.py` over the cost model's time estimate.
 """
 import dataclasses
 import math
@@ -349,18 +353,19 @@ def compile_run(config: ml_collections.ConfigDict, topology_name: str,
   mesh = parallel.make_mesh(
       {axis: config.mesh[axis] for axis in parallel.MESH_AXES}, devices)
   hosts = len({d.process_index for d in devices})
-  programs = build_programs(config, mesh, hosts, kinds, buckets)
-  reports = []
-  for program in programs:
-    reports.append(program_report(program, topo, len(devices)))
+  report = {'topology': topo.name, 'chips': len(devices), 'hosts': hosts,
+            'vocab_size': config.model.vocab_size,
+            'device_kind': devices[0].device_kind,
+            'hbm_gib': topo.chip.hbm_gib,
+            'peak_bf16_flops': topo.chip.peak_bf16_flops,
+            'mesh': dict(mesh.shape), 'programs': []}
+  if log:
+    log(format_header(report))
+  for program in build_programs(config, mesh, hosts, kinds, buckets):
+    report['programs'].append(program_report(program, topo, len(devices)))
     if log:
-      log(format_program(reports[-1]))
-  return {'topology': topo.name, 'chips': len(devices), 'hosts': hosts,
-          'vocab_size': config.model.vocab_size,
-          'device_kind': devices[0].device_kind,
-          'hbm_gib': topo.chip.hbm_gib,
-          'peak_bf16_flops': topo.chip.peak_bf16_flops,
-          'mesh': dict(mesh.shape), 'programs': reports}
+      log(format_program(report['programs'][-1]))
+  return report
 
 
 # ------------------------------------------------------------------ output
@@ -399,30 +404,34 @@ def _bytes(n: float) -> str:
   return f'{n / GIB:.2f} GiB' if n >= GIB / 10 else f'{n / 1024 ** 2:.1f} MiB'
 
 
+def _flop(n: float) -> str:
+  return f'{n / 1e12:.3f} TFLOP' if n >= 1e11 else f'{n / 1e9:.2f} GFLOP'
+
+
 def format_program(p: dict) -> str:
   m = p['memory_gib']
   lines = [
       f'{p["program"]}  (compiled in {p["compile_seconds"]:.0f} s)',
-      f'  memory per chip: {m["arguments"]:.2f} GiB arguments, '
-      f'{m["temporaries"]:.2f} temporaries, {m["outputs"]:.2f} outputs, '
-      f'{m["aliased"]:.2f} aliased, {m["total"]:.2f} total of '
-      f'{p["hbm_gib"]:g} GiB HBM: fits: {"yes" if p["fits"] else "no"}',
+      f'  memory per chip: {_bytes(m["arguments"] * GIB)} arguments, '
+      f'{_bytes(m["temporaries"] * GIB)} temporaries, '
+      f'{_bytes(m["outputs"] * GIB)} outputs, {_bytes(m["aliased"] * GIB)} '
+      f'aliased, {_bytes(m["total"] * GIB)} total of {p["hbm_gib"]:g} GiB '
+      f'HBM: fits: {"yes" if p["fits"] else "no"}',
       '  collectives: ' + ', '.join(
           f'{op} {s["count"]}' + (f' ({_bytes(s["bytes"])})' if s['count']
                                   else '')
           + (f' + {s["windowed"]} in windowed einsums' if s['windowed']
              else '')
           for op, s in p['collectives'].items())]
-  cost = f'  cost model: {p["flops_per_device"] / 1e12:.3f} TFLOP per chip'
+  cost = f'  cost model: {_flop(p["flops_per_device"])} per chip'
   if p['estimated_seconds'] is None:
     cost += ', no estimate'
   else:
-    cost += f', {p["estimated_seconds"] * 1e3:.1f} ms'
+    cost += f', {p["estimated_seconds"] * 1e3:.2f} ms'
     if p['mfu'] is not None:
-      cost += f', MFU {100 * p["mfu"]:.0f}%'
+      cost += f', MFU {100 * p["mfu"]:.1f}%'
   if p['model_flops_per_device']:
-    cost += (f'; model FLOPs {p["model_flops_per_device"] / 1e12:.3f} '
-             'TFLOP per chip')
+    cost += f'; model FLOPs {_flop(p["model_flops_per_device"])} per chip'
   lines.append(cost)
   return '\n'.join(lines)
 

@@ -194,10 +194,8 @@ def cmd_compile(args, overrides) -> int:
   buckets = None
   if args.buckets != 'all':
     buckets = [int(w) for w in args.buckets.split(',')]
-  print(f'Compiling {args.config} for {args.topology}.', flush=True)
   report = aot.compile_run(config, args.topology, kinds, buckets,
                            log=lambda text: print(text, flush=True))
-  print(aot.format_header(report))
   report['config'] = args.config
   report['overrides'] = list(overrides)
   if args.json:

@@ -4,6 +4,7 @@ libtpu's compile-only client on this CPU machine.
 Compiling is the cost here (a real-size train step takes minutes of CPU),
 so each program is compiled once, in a module fixture: real sizes where the
 test is about fitting in HBM, a shrunk model where it is about the logic.
+The fixtures print what `jaxformer compile` prints (`pytest -s` shows it).
 """
 import json
 
@@ -124,7 +125,8 @@ def base_on_v5e8():
   its widest bucket (the most attention memory per token)."""
   config = load_config('configs/wmt14_ende_base.py:bf16',
                        ['--config.mesh.data=8'])
-  return aot.compile_run(config, 'v5e-8', kinds=('train',), buckets=[256])
+  return aot.compile_run(config, 'v5e-8', kinds=('train',), buckets=[256],
+                         log=print)
 
 
 def test_base_fits_a_v5e8(base_on_v5e8):
@@ -149,7 +151,8 @@ def big_on_v5p64():
   config = load_config('configs/wmt14_ende_big.py:bf16', [
       '--config.mesh.data=1', '--config.mesh.fsdp=32',
       '--config.model.scan_layers=true', '--config.model.remat_policy=full'])
-  return aot.compile_run(config, 'v5p-64', kinds=('train',), buckets=[256])
+  return aot.compile_run(config, 'v5p-64', kinds=('train',), buckets=[256],
+                         log=print)
 
 
 def test_big_with_fsdp_fits_a_v5p64(big_on_v5p64):
@@ -173,7 +176,7 @@ def tensor_parallel():
   """A shrunk translator with heads, MLP and vocabulary split 4 ways."""
   config = load_config('configs/quickstart.py:runlocal', SMALL + [
       '--config.mesh.data=2', '--config.mesh.tensor=4'])
-  return aot.compile_run(config, 'v5e-8')
+  return aot.compile_run(config, 'v5e-8', log=print)
 
 
 def test_tensor_parallel_layout_compiles_every_program(tensor_parallel):
