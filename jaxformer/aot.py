@@ -318,9 +318,13 @@ def program_report(program: Program, topo: Topology, num_devices: int
       'flops_per_device': flops, 'estimated_seconds': seconds,
       'model_flops_per_device': None, 'mfu': None,
   }
+  report['loops_undercounted'] = False
   if program.model_flops:
     per_device = program.model_flops / num_devices
     report['model_flops_per_device'] = per_device
+    # Below the model's FLOPs, the cost model counted loop bodies once
+    # (scanned layers): its time is then too short and the MFU too high.
+    report['loops_undercounted'] = flops < 0.9 * per_device
     if seconds:
       report['mfu'] = per_device / seconds / topo.chip.peak_bf16_flops
   return report
@@ -432,6 +436,10 @@ def format_program(p: dict) -> str:
       cost += f', MFU {100 * p["mfu"]:.1f}%'
   if p['model_flops_per_device']:
     cost += f'; model FLOPs {_flop(p["model_flops_per_device"])} per chip'
+  if p.get('loops_undercounted'):
+    cost += ('\n  (the cost model counted loop bodies once: scanned layers, '
+             'windowed einsums; its time is a lower bound, the MFU an upper '
+             'one)')
   lines.append(cost)
   return '\n'.join(lines)
 
