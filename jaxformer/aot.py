@@ -21,6 +21,7 @@ short of the model's; the MFU printed uses the model FLOPs of
 import dataclasses
 import math
 import os
+import re
 import time
 
 import jax
@@ -303,7 +304,13 @@ def program_report(program: Program, topo: Topology, num_devices: int
                    ) -> dict:
   """Compiles `program` and measures it (see the module docstring)."""
   start = time.perf_counter()
-  compiled = program.lower().compile()
+  try:
+    compiled = program.lower().compile()
+  except jax.errors.JaxRuntimeError as e:
+    if 'RESOURCE_EXHAUSTED' not in str(e):
+      raise
+    return _out_of_memory_report(program, topo, str(e),
+                                 time.perf_counter() - start)
   seconds_to_compile = time.perf_counter() - start
   memory = memory_stats(compiled)
   flops, seconds = cost_stats(compiled)
@@ -344,6 +351,27 @@ def with_expected_vocabulary(config: ml_collections.ConfigDict
     config.model.vocab_size = tokenizer.vocab_size
     config.model.target_vocab_size = 0
   return config
+
+
+def _out_of_memory_report(program: Program, topo: Topology, message: str,
+                          seconds: float) -> dict:
+  """The report of a program the TPU compiler refused for want of HBM
+  ('... temporaries (20.65G) exceeds available HBM (15.75G)'): its memory is
+  at least the temporaries it names."""
+  sizes = re.findall(r'\(([0-9.]+)([KMGT])\)', message)
+  scale = {'K': 2 ** -20, 'M': 2 ** -10, 'G': 1.0, 'T': 1024.0}
+  needed = float(sizes[0][0]) * scale[sizes[0][1]] if sizes else float('nan')
+  memory = {'arguments': 0.0, 'outputs': 0.0, 'aliased': 0.0, 'code': 0.0,
+            'temporaries': needed, 'total': needed}
+  return {
+      'program': program.name, 'kind': program.kind,
+      'compile_seconds': round(seconds, 1), 'memory_gib': memory,
+      'hbm_gib': topo.chip.hbm_gib, 'fits': False,
+      'shortfall_gib': max(0.0, needed - topo.chip.hbm_gib),
+      'compiler_error': message.strip().splitlines()[0],
+      'collectives': hlo.collective_stats(''), 'flops_per_device': 0.0,
+      'estimated_seconds': None, 'model_flops_per_device': None, 'mfu': None,
+      'loops_undercounted': False}
 
 
 def compile_run(config: ml_collections.ConfigDict, topology_name: str,
@@ -414,6 +442,11 @@ def _flop(n: float) -> str:
 
 def format_program(p: dict) -> str:
   m = p['memory_gib']
+  if 'compiler_error' in p:
+    return (f'{p["program"]}  (compiler gave up after '
+            f'{p["compile_seconds"]:.0f} s)\n  memory per chip: at least '
+            f'{m["total"]:.2f} GiB of temporaries of {p["hbm_gib"]:g} GiB '
+            f'HBM: fits: no\n  ({p["compiler_error"]})')
   lines = [
       f'{p["program"]}  (compiled in {p["compile_seconds"]:.0f} s)',
       f'  memory per chip: {_bytes(m["arguments"] * GIB)} arguments, '
