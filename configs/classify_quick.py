@@ -7,6 +7,10 @@ sentence even or odd? An encoder-only Transformer, trained on CPU in minutes.
 Your own data: --config.data.source=tsv --config.data.tsv.train=train.tsv
 (lines 'text<TAB>label'; likewise dev and test).
 `configs/classify_quick.py:runlocal` shrinks it for tests.
+
+Sized for one CPU host. `jaxformer compile --config configs/classify_quick.py
+--topology v5e-4` (data=4) printed: train step 64x24 12.1 MiB per chip of
+16 GiB (fits), cost model 0.10 ms per step, MFU 1.2%; eval step 1.5 MiB.
 """
 from jaxformer.config import small_task_config
 

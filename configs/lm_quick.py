@@ -7,6 +7,10 @@ sentences (one document per line, packed into rows), on CPU in minutes.
 Your own text: --config.data.source=text --config.data.text.train=train.txt
 (one document per line; likewise dev and test).
 `configs/lm_quick.py:runlocal` shrinks it for tests.
+
+Sized for one CPU host. `jaxformer compile --config configs/lm_quick.py
+--topology v5e-4` (data=4) printed: train step 32x64 11.0 MiB per chip of
+16 GiB (fits), cost model 0.12 ms per step, MFU 1.7%; eval step 1.4 MiB.
 """
 from jaxformer.config import small_task_config
 

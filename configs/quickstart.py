@@ -4,6 +4,12 @@ English -> German numbers dataset.
   jaxformer train --config configs/quickstart.py --workdir runs/quickstart
 
 `configs/quickstart.py:runlocal` shrinks it further for tests.
+
+Sized for one CPU host (2 cores). On a TPU it is tiny: `jaxformer compile
+--config configs/quickstart.py --topology v5e-4` (data=4, vocabulary 512)
+printed: train step 64x(40+40) 44.5 MiB per chip of 16 GiB (fits), cost
+model 0.59 ms per step, MFU 3.5%; eval step 7.0 MiB; beam-4 decode of 100 x
+40 -> 56 tokens 27.4 MiB.
 """
 from jaxformer.config import default_config
 

@@ -7,6 +7,10 @@ English sentence, scaled to [0, 1]. An encoder-only Transformer on CPU.
 Your own data: --config.data.source=tsv (lines 'text<TAB>value', with
 model.regression_dim space-separated numbers).
 `configs/regress_quick.py:runlocal` shrinks it for tests.
+
+Sized for one CPU host. `jaxformer compile --config configs/regress_quick.py
+--topology v5e-4` (data=4) printed: train step 64x24 12.0 MiB per chip of
+16 GiB (fits), cost model 0.10 ms per step, MFU 1.3%; eval step 3.2 MiB.
 """
 from jaxformer.config import small_task_config
 

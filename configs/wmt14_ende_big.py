@@ -8,6 +8,24 @@ bfloat16.
 
   jaxformer train --config configs/wmt14_ende_big.py:bf16 --workdir gs://BUCKET/big
   jaxformer average --workdir gs://BUCKET/big --last 20 --out gs://BUCKET/big-avg
+
+Sized for a v5p-64 (32 chips, 8 hosts) with FSDP over all chips, scanned
+and rematerialised layers: `jaxformer compile --config
+configs/wmt14_ende_big.py:bf16 --topology v5p-64 --config.mesh.data=1
+--config.mesh.fsdp=32 --config.model.scan_layers=true
+--config.model.remat_policy=full --buckets 256 --programs train` printed,
+per chip of 95 GiB: train step of the widest bucket, 128x(256+256),
+0.10 GiB arguments + 0.38 GiB temporaries = 0.54 GiB; collectives 9
+all-gathers + 40 windowed, 17 windowed reduce-scatters, 4 all-to-alls, 285
+collective-permutes, 14 all-reduces (one scanned layer each). The cost
+model's 3.4 ms counts one layer per stack, like its 0.27 TFLOP (model:
+1.37), so the MFU of 89% it implies is not one. Unrolled, with fsdp=16 on a
+v5p-32 and packed 128 x (128+128) batches (`--topology v5p-32 --config.mesh.data=1
+--config.mesh.fsdp=16 --config.data.batching=pack
+--config.data.batch_size=128 --config.data.max_source_length=128
+--config.data.max_target_length=128`), the train step takes 0.20 GiB of
+arguments and 1.00 GiB of temporaries per chip; cost model 11.3 ms per
+step, MFU 26%.
 """
 import importlib.util
 import os

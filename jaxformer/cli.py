@@ -1,5 +1,5 @@
 """The `jaxformer` command: train, translate, evaluate, average, attention,
-predict and generate."""
+predict, generate and compile."""
 import argparse
 import json
 import os
@@ -231,6 +231,33 @@ def cmd_curves(args, overrides) -> int:
   return 0
 
 
+def cmd_compile(args, overrides) -> int:
+  """Compiles the run's programs for a TPU topology; non-zero if one does
+  not fit in HBM."""
+  from jaxformer import aot
+  from jaxformer.config import load_config
+  config = load_config(args.config, overrides)
+  kinds = tuple(k.strip() for k in args.programs.split(',') if k.strip())
+  unknown = sorted(set(kinds) - {'train', 'eval', 'decode'})
+  if unknown:
+    raise ValueError(f'--programs {unknown}: choose from train, eval, decode.')
+  buckets = None
+  if args.buckets != 'all':
+    buckets = [int(w) for w in args.buckets.split(',')]
+  report = aot.compile_run(config, args.topology, kinds, buckets,
+                           log=lambda text: print(text, flush=True))
+  report['config'] = args.config
+  report['overrides'] = list(overrides)
+  if args.json:
+    with open(args.json, 'w') as f:
+      json.dump(report, f, indent=2)
+  misfits = aot.misfit_message(report)
+  if misfits:
+    print(f'jaxformer compile: {misfits}', file=sys.stderr)
+    return 1
+  return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
   parser = argparse.ArgumentParser(
       prog='jaxformer', description='Train and use Transformers with JAX.',
@@ -330,6 +357,21 @@ def build_parser() -> argparse.ArgumentParser:
   export.add_argument('--out', required=True,
                       help='directory to create for the export')
   export.set_defaults(run=cmd_export)
+
+  compile_ = commands.add_parser(
+      'compile', help="compile a run's programs for a TPU topology on this "
+      'machine (needs libtpu: pip install -e ".[tpu]") and report memory, '
+      'collectives and cost', epilog=USAGE_OVERRIDES)
+  compile_.add_argument('--config', required=True)
+  compile_.add_argument('--topology', required=True,
+                        help='an accelerator type: v4-8, v5e-8, v5p-64, ...')
+  compile_.add_argument('--programs', default='train,eval,decode',
+                        help='which of train, eval, decode (default: all)')
+  compile_.add_argument('--buckets', default='all',
+                        help="bucket widths of the train step to compile, "
+                        "e.g. 8,256 (default: all; 'pack' has one shape)")
+  compile_.add_argument('--json', help='also write the report to this file')
+  compile_.set_defaults(run=cmd_compile)
   return parser
 
 
@@ -337,8 +379,9 @@ def main(argv=None) -> int:
   argv = sys.argv[1:] if argv is None else list(argv)
   rest, overrides = _split_overrides(argv)
   args = build_parser().parse_args(rest)
-  if overrides and args.command != 'train':
-    print('--config.* overrides apply to `jaxformer train` only.',
+  if overrides and args.command not in ('train', 'compile'):
+    print('--config.* overrides apply to `jaxformer train` and `compile` '
+          'only.',
           file=sys.stderr)
     return 2
   try:

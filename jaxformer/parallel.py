@@ -6,6 +6,23 @@ and vocabulary split). The model names its axes logically ('embed', 'mlp',
 'heads', 'kv', 'vocab', 'layers', and 'batch'/'length' for activations); a
 rules table maps those names to mesh axes, so the parallelism is chosen by
 configuration alone.
+
+What FSDP compiles to on TPU (`jaxformer compile`; `big` bf16, 128 x
+(128+128), fsdp=16 on a v5p-32, unrolled): 159 all-gathers and 36 windowed
+einsums gather the parameters, in the forward pass and again in the
+backward; 97 windowed einsums reduce-scatter the gradients, one per weight
+matrix. A windowed einsum is XLA's fusion of the collective with its matmul:
+a loop that multiplies one shard while the next moves one step around a
+ring, so the reduce-scatters appear as 665 collective-permutes and no
+reduce-scatter instruction. The 4 all-to-alls are the embedding lookups and
+their scatter-adds (encoder, decoder): the table is split over its features,
+so each chip looks up every row's slice and trades slices for its own rows'
+vectors, 2 MiB per lookup. Constraining the table to be gathered before the
+lookup removes them, but then its 145 MiB float32 gradient is all-reduced
+(with 1+1 layers: cost-model estimate 3.26 ms per step against 3.04). The 6
+all-reduces are the loss and metric sums, the gradient norm and the small
+bias and LayerNorm gradients (0.8 MiB in all). Nothing in it reshards
+activations between layers.
 """
 import contextlib
 import os

@@ -7,6 +7,9 @@ import pytest
 
 os.environ.setdefault('XLA_FLAGS', '--xla_force_host_platform_device_count=8')
 os.environ.setdefault('TF_CPP_MIN_LOG_LEVEL', '2')
+# With libtpu installed (the tpu extra), every test process loads it; let
+# them all, and the compile-only client of test_compile, load it at once.
+os.environ.setdefault('ALLOW_MULTIPLE_LIBTPU_LOAD', '1')
 
 
 @pytest.fixture

@@ -1,0 +1,481 @@
+"""`jaxformer compile`: a run's programs compiled ahead of time for a TPU
+topology, on any machine with libtpu installed (`pip install -e ".[tpu]"`).
+
+libtpu's compile-only client lays out every device of the named topology,
+all hosts included, on this machine (`jax.experimental.topologies`); the
+programs are lowered and compiled for them exactly as `jaxformer train`
+builds them (model, optimizer, mesh, axis rules, shardings), but nothing
+runs. Per program: per-device memory against the chip's HBM, the
+collectives in the compiled HLO and XLA's cost model. One difference from a
+TPU host: code that chooses a path by `jax.default_backend()` (the CPU-only
+decoding shortcuts of `decode.py` and `layers.matmuls_by_transposed`, for at
+most 64 rows) sees this machine's backend.
+
+Collective counts are instructions in the compiled module: one in a loop
+body (`model.scan_layers`) counts once, although it runs once per layer.
+XLA's cost model also counts a loop's body once, for `nn.scan` and for the
+windowed einsums of FSDP on TPU (see `train/flops.py`), so its FLOPs can fall
+short of the model's; the MFU printed uses the model FLOPs of
+`train/flops.py` over the cost model's time estimate.
+"""
+import dataclasses
+import math
+import os
+import re
+import time
+
+import jax
+import jax.numpy as jnp
+import ml_collections
+
+from jaxformer import evaluate
+from jaxformer import hlo
+from jaxformer import parallel
+from jaxformer.data import tasks as data_tasks
+from jaxformer.model import config as model_config_lib
+from jaxformer.tasks import get_task
+from jaxformer.train import flops as flops_lib
+from jaxformer.train import schedule as schedules
+from jaxformer.train.loop import example_batch
+from jaxformer.train.state import state_shardings
+from jaxformer.train.step import compile_eval_step, compile_train_step
+
+# Another process holding libtpu (a training run on this TPU VM, a second
+# test worker) must not stop a compile-only client, which uses no TPU.
+os.environ.setdefault('ALLOW_MULTIPLE_LIBTPU_LOAD', '1')
+
+GIB = 1024 ** 3
+
+
+@dataclasses.dataclass(frozen=True)
+class Chip:
+  kind: str  # As in libtpu's topology name ('v5e:2x4').
+  hbm_gib: float
+  peak_bf16_flops: float  # Per chip (both TensorCores of a megacore chip).
+
+
+CHIPS = {
+    'v4': Chip('v4', 32, 275e12),
+    'v5e': Chip('v5e', 16, 197e12),
+    'v5p': Chip('v5p', 95, 459e12),
+    'v6e': Chip('v6e', 32, 918e12),
+}
+
+
+@dataclasses.dataclass(frozen=True)
+class Topology:
+  """A Google accelerator type: v4 and v5p names count TensorCores (2 per
+  chip, one JAX device per chip), v5e and v6e names count chips."""
+  name: str
+  chip: Chip
+  grid: str  # Chips along each axis of the slice.
+  chips_per_host: tuple[int, int, int] | None = None  # None: libtpu's default.
+
+  @property
+  def chips(self) -> int:
+    return math.prod(int(n) for n in self.grid.split('x'))
+
+
+def _topologies():
+  table = {}
+  for cores, grid in ((8, '2x2x1'), (16, '2x2x2'), (32, '2x2x4'),
+                      (64, '2x4x4')):
+    table[f'v4-{cores}'] = Topology(f'v4-{cores}', CHIPS['v4'], grid)
+  for cores, grid in ((8, '2x2x1'), (16, '2x2x2'), (32, '2x2x4'),
+                      (64, '2x4x4'), (128, '4x4x4'), (512, '4x8x8')):
+    table[f'v5p-{cores}'] = Topology(f'v5p-{cores}', CHIPS['v5p'], grid)
+  for chip in ('v5e', 'v6e'):
+    for chips, grid in ((4, '2x2'), (8, '2x4'), (16, '4x4'), (32, '4x8'),
+                        (64, '8x8'), (128, '8x16'), (256, '16x16')):
+      # A -8 slice is one host of 8 chips; larger ones have 4 per host.
+      table[f'{chip}-{chips}'] = Topology(
+          f'{chip}-{chips}', CHIPS[chip], grid,
+          (2, 4, 1) if chips == 8 else None)
+  return table
+
+
+TOPOLOGIES = _topologies()
+
+
+def topology(name: str) -> Topology:
+  if name not in TOPOLOGIES:
+    raise ValueError(f'Unknown topology {name!r}; known: '
+                     f'{", ".join(TOPOLOGIES)}.')
+  return TOPOLOGIES[name]
+
+
+def topology_devices(topo: Topology) -> list:
+  """The compile-only devices of `topo`, one per chip, all hosts."""
+  from jax.experimental import topologies
+  try:
+    import libtpu  # noqa: F401  (only whether it is installed)
+  except ImportError:
+    raise RuntimeError(
+        'jaxformer compile needs libtpu: pip install -e ".[tpu]" (wheels '
+        'exist for Linux x86_64 only).') from None
+  kwargs = {}
+  if topo.chip.kind in ('v4',):  # One device per chip, as on a v4 VM.
+    kwargs['chip_config_name'] = 'megacore'
+  if topo.chips_per_host:
+    kwargs['chips_per_host_bounds'] = topo.chips_per_host
+  description = topologies.get_topology_desc(
+      f'{topo.chip.kind}:{topo.grid}', 'tpu', **kwargs)
+  return list(description.devices)
+
+
+# ------------------------------------------------------- compiled programs
+
+def memory_stats(compiled) -> dict[str, float]:
+  """Per-device bytes; total = arguments + outputs - aliased + temporaries
+  + generated code."""
+  m = compiled.memory_analysis()
+  stats = {'arguments': m.argument_size_in_bytes,
+           'outputs': m.output_size_in_bytes,
+           'aliased': m.alias_size_in_bytes,
+           'temporaries': m.temp_size_in_bytes,
+           'code': m.generated_code_size_in_bytes}
+  stats['total'] = (stats['arguments'] + stats['outputs'] - stats['aliased']
+                    + stats['temporaries'] + stats['code'])
+  return {k: float(v) for k, v in stats.items()}
+
+
+def cost_stats(compiled) -> tuple[float, float | None]:
+  """(FLOPs per device, estimated seconds or None) from XLA's cost model;
+  a non-positive estimate is no estimate."""
+  cost = compiled.cost_analysis()
+  if isinstance(cost, (list, tuple)):
+    cost = cost[0] if cost else {}
+  seconds = float(cost.get('optimal_seconds', 0.0) or 0.0)
+  return float(cost.get('flops', 0.0)), seconds if seconds > 0 else None
+
+
+@dataclasses.dataclass
+class Program:
+  """One program of a run: `lower()` returns its `jax.stages.Lowered`."""
+  name: str
+  kind: str  # train | eval | decode
+  lower: object
+  model_flops: float | None = None  # Per step, all devices (train only).
+
+
+def batch_struct(config: ml_collections.ConfigDict, rows: int, source: int,
+                 target: int, mesh) -> dict[str, jax.ShapeDtypeStruct]:
+  """A global batch of `config.task` split over the batch axes: 'inputs'
+  [rows, source] and/or 'targets' [rows, target] int32 with their segment
+  ids and positions, 'labels' [rows] (classification), 'values' [rows,
+  regression_dim] (regression)."""
+  sharding = parallel.batch_sharding(mesh)
+
+  def array(shape, dtype=jnp.int32):
+    return jax.ShapeDtypeStruct(shape, dtype, sharding=sharding)
+  sides = {'translation': (('inputs', source), ('targets', target)),
+           'language_model': (('targets', target),)}.get(
+               config.task, (('inputs', source),))
+  batch = {prefix + suffix: array((rows, width)) for prefix, width in sides
+           for suffix in ('', '_segment_ids', '_positions')}
+  if config.task == 'classification':
+    batch['labels'] = array((rows,))
+  elif config.task == 'regression':
+    batch['values'] = array((rows, config.model.regression_dim), jnp.float32)
+  return batch
+
+
+def train_shapes(config: ml_collections.ConfigDict, row_shards: int,
+                 buckets=None) -> list[tuple[int, int, int]]:
+  """(global rows, source width, target width) of every batch the input
+  pipeline can produce on a mesh of `row_shards` row shards ('bucket': each
+  bucket, or those of width in `buckets`; 'pack' and the other tasks: the
+  one shape)."""
+  shapes = data_tasks.train_batch_shapes(config, row_shards)
+  if buckets:
+    widths = {max(s, t) for _, s, t in shapes}
+    unknown = sorted(set(buckets) - widths)
+    if unknown:
+      raise ValueError(f'--buckets {unknown}: not a bucket width of this '
+                       f'config; its widths are {sorted(widths)}.')
+    shapes = [shape for shape in shapes if max(shape[1:]) in buckets]
+  return shapes
+
+
+def _shape_name(config, rows: int, source: int, target: int) -> str:
+  if config.task == 'translation':
+    return f'{rows}x({source}+{target})'
+  return f'{rows}x{target if config.task == "language_model" else source}'
+
+
+def _check_rows(what: str, rows: int, mesh, key: str):
+  split = mesh.shape['data'] * mesh.shape['fsdp']
+  if rows % split:
+    raise ValueError(
+        f'{what}: {rows} rows do not divide over the batch axes data x fsdp '
+        f'= {split}; set {key} so that they do.')
+
+
+def build_programs(config: ml_collections.ConfigDict, mesh, process_count: int,
+                   kinds=('train', 'eval', 'decode'), buckets=None
+                   ) -> list[Program]:
+  """The run's programs on `mesh`, as `jaxformer train` and `evaluate`
+  build them: the train step for each batch shape, the eval step and, for
+  translation, the decode loop (beam search of config.decode.beam_size;
+  greedy if 1)."""
+  model_config = model_config_lib.from_config_dict(config.model)
+  task = get_task(config.task)
+  train = config.train
+  rules = parallel.axis_rules(config.mesh.axis_rules)
+  schedule = schedules.make_schedule(train, model_config.d_model)
+  tx = schedules.make_optimizer(train, schedule)
+  abstract, shardings = state_shardings(
+      task, task.model(model_config), tx, example_batch(config), mesh, rules,
+      train.prng_impl)
+  state = jax.tree.map(
+      lambda a, s: jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=s),
+      abstract, shardings)
+  programs = []
+
+  def under_mesh(fn):
+    def lower(*args):
+      with parallel.activate(mesh, rules):
+        return fn().lower(*args)
+    return lower
+
+  if 'train' in kinds:
+    accum = train.grad_accum_steps
+    step = lambda: compile_train_step(  # noqa: E731
+        mesh, shardings, task=task,
+        model=task.model(model_config, deterministic=False), tx=tx,
+        schedule=schedule, label_smoothing=train.label_smoothing,
+        grad_accum_steps=accum, prng_impl=train.prng_impl)
+    for rows, source, target in train_shapes(config, parallel.row_shards(mesh), buckets):
+      name = _shape_name(config, rows, source, target)
+      _check_rows(f'train batch {name}', rows // accum, mesh,
+                  'data.batch_size / data.tokens_per_batch')
+      batch = batch_struct(config, rows, source, target, mesh)
+      programs.append(Program(
+          f'train {name}', 'train',
+          lambda b=batch: under_mesh(step)(state, b),
+          flops_lib.training_flops_per_step(model_config, task.name, rows,
+                                            source, target)))
+  data = config.data
+  if 'eval' in kinds:
+    rows = -(-data.batch_size // process_count) * process_count
+    _check_rows(f'eval batch of {rows} rows', rows, mesh, 'data.batch_size')
+    batch = batch_struct(config, rows, data.max_source_length,
+                         data.max_target_length, mesh)
+    eval_step = lambda: compile_eval_step(  # noqa: E731
+        mesh, shardings.params, task=task, model=task.model(model_config))
+    name = _shape_name(config, rows, data.max_source_length,
+                       data.max_target_length)
+    programs.append(Program(
+        f'eval {name}', 'eval',
+        lambda: under_mesh(eval_step)(state.params, batch)))
+  if 'decode' in kinds and task.name == 'translation':
+    programs.append(_decode_program(config, model_config, mesh, state.params,
+                                    under_mesh))
+  return programs
+
+
+def _decode_program(config, model_config, mesh, params, under_mesh):
+  """The decode loop of `evaluate.decode_split` (`jaxformer evaluate` and
+  the final test-split report): its batch size, lengths and beam."""
+  data, settings = config.data, config.decode
+  split = mesh.shape['data'] * mesh.shape['fsdp']
+  rows = -(-settings.batch_size // split) * split
+  decode_len = min(model_config.max_len,
+                   data.max_target_length + settings.max_extra_len)
+  inputs = jax.ShapeDtypeStruct((rows, data.max_source_length), jnp.int32,
+                                sharding=parallel.batch_sharding(mesh))
+  beam = settings.beam_size
+
+  def decode_fn():
+    return jax.jit(lambda p, x: evaluate.decode_tokens(
+        p, model_config, x, beam_size=beam, alpha=settings.alpha,
+        max_decode_len=decode_len))
+  what = f'beam {beam}' if beam > 1 else 'greedy'
+  return Program(f'decode {what} {rows}x{data.max_source_length}->'
+                 f'{decode_len}', 'decode',
+                 lambda: under_mesh(decode_fn)(params, inputs))
+
+
+def program_report(program: Program, topo: Topology, num_devices: int
+                   ) -> dict:
+  """Compiles `program` and measures it (see the module docstring)."""
+  start = time.perf_counter()
+  try:
+    compiled = program.lower().compile()
+  except jax.errors.JaxRuntimeError as e:
+    if 'RESOURCE_EXHAUSTED' not in str(e):
+      raise
+    return _out_of_memory_report(program, topo, str(e),
+                                 time.perf_counter() - start)
+  seconds_to_compile = time.perf_counter() - start
+  memory = memory_stats(compiled)
+  flops, seconds = cost_stats(compiled)
+  hbm = topo.chip.hbm_gib * GIB
+  report = {
+      'program': program.name, 'kind': program.kind,
+      'compile_seconds': round(seconds_to_compile, 1),
+      'memory_gib': {k: v / GIB for k, v in memory.items()},
+      'hbm_gib': topo.chip.hbm_gib, 'fits': memory['total'] <= hbm,
+      'shortfall_gib': max(0.0, (memory['total'] - hbm) / GIB),
+      'collectives': hlo.collective_stats(compiled.as_text()),
+      'flops_per_device': flops, 'estimated_seconds': seconds,
+      'model_flops_per_device': None, 'mfu': None,
+  }
+  report['loops_undercounted'] = False
+  if program.model_flops:
+    per_device = program.model_flops / num_devices
+    report['model_flops_per_device'] = per_device
+    # Below the model's FLOPs, the cost model counted loop bodies once
+    # (scanned layers): its time is then too short and the MFU too high.
+    report['loops_undercounted'] = flops < 0.9 * per_device
+    if seconds:
+      report['mfu'] = per_device / seconds / topo.chip.peak_bf16_flops
+  return report
+
+
+def with_expected_vocabulary(config: ml_collections.ConfigDict
+                             ) -> ml_collections.ConfigDict:
+  """`jaxformer train` sizes the model's vocabulary by its tokenizer: one
+  trained to data.tokenizer.vocab_size pieces, unless a model file is given
+  (then model.vocab_size stands for it). Classes: data.labels if given,
+  else model.num_classes (train reads them from the data)."""
+  tokenizer = config.data.tokenizer
+  config = ml_collections.ConfigDict(config.to_dict())
+  if config.data.labels:
+    config.model.num_classes = len(config.data.labels)
+  if not (tokenizer.model_path or tokenizer.source_model_path):
+    config.model.vocab_size = tokenizer.vocab_size
+    config.model.target_vocab_size = 0
+  return config
+
+
+def _out_of_memory_report(program: Program, topo: Topology, message: str,
+                          seconds: float) -> dict:
+  """The report of a program the TPU compiler refused for want of HBM
+  ('... temporaries (20.65G) exceeds available HBM (15.75G)'): its memory is
+  at least the temporaries it names."""
+  sizes = re.findall(r'\(([0-9.]+)([KMGT])\)', message)
+  scale = {'K': 2 ** -20, 'M': 2 ** -10, 'G': 1.0, 'T': 1024.0}
+  needed = float(sizes[0][0]) * scale[sizes[0][1]] if sizes else float('nan')
+  memory = {'arguments': 0.0, 'outputs': 0.0, 'aliased': 0.0, 'code': 0.0,
+            'temporaries': needed, 'total': needed}
+  return {
+      'program': program.name, 'kind': program.kind,
+      'compile_seconds': round(seconds, 1), 'memory_gib': memory,
+      'hbm_gib': topo.chip.hbm_gib, 'fits': False,
+      'shortfall_gib': max(0.0, needed - topo.chip.hbm_gib),
+      'compiler_error': message.strip().splitlines()[0],
+      'collectives': hlo.collective_stats(''), 'flops_per_device': 0.0,
+      'estimated_seconds': None, 'model_flops_per_device': None, 'mfu': None,
+      'loops_undercounted': False}
+
+
+def compile_run(config: ml_collections.ConfigDict, topology_name: str,
+                kinds=('train', 'eval', 'decode'), buckets=None,
+                log=None) -> dict:
+  """Compiles the run of `config` for `topology_name`; returns the report
+  ('programs': one `program_report` each)."""
+  topo = topology(topology_name)
+  config = with_expected_vocabulary(config)
+  devices = topology_devices(topo)
+  mesh = parallel.make_mesh(
+      {axis: config.mesh[axis] for axis in parallel.MESH_AXES}, devices)
+  hosts = len({d.process_index for d in devices})
+  report = {'topology': topo.name, 'chips': len(devices), 'hosts': hosts,
+            'vocab_size': config.model.vocab_size,
+            'device_kind': devices[0].device_kind,
+            'hbm_gib': topo.chip.hbm_gib,
+            'peak_bf16_flops': topo.chip.peak_bf16_flops,
+            'mesh': dict(mesh.shape), 'programs': []}
+  if log:
+    log(format_header(report))
+  for program in build_programs(config, mesh, hosts, kinds, buckets):
+    report['programs'].append(program_report(program, topo, len(devices)))
+    if log:
+      log(format_program(report['programs'][-1]))
+  return report
+
+
+# ------------------------------------------------------------------ output
+
+LEVERS = {
+    'train': ('--config.mesh.fsdp=N (shard parameters and optimizer state '
+              'over N chips)', '--config.model.remat_policy=full or dots '
+              '(recompute activations in the backward pass)',
+              '--config.model.scan_layers=true (one layer of activations '
+              'live at a time under remat)',
+              'a smaller batch (data.tokens_per_batch or data.batch_size)',
+              '--config.train.grad_accum_steps=K (the same batch in K '
+              'microbatches)'),
+    'eval': ('--config.mesh.fsdp=N', 'a smaller data.batch_size'),
+    'decode': ('--config.mesh.fsdp=N', 'a smaller decode.batch_size or '
+               'decode.beam_size'),
+}
+
+
+def misfit_message(report: dict) -> str:
+  """What to change, for each program that does not fit ('' if all do)."""
+  lines = []
+  for program in report['programs']:
+    if program['fits']:
+      continue
+    lines.append(
+        f'{program["program"]} does not fit: '
+        f'{program["memory_gib"]["total"]:.2f} GiB per chip, '
+        f'{program["shortfall_gib"]:.2f} GiB more than the '
+        f'{program["hbm_gib"]:g} GiB of HBM. Levers: '
+        + '; '.join(LEVERS[program['kind']]) + '.')
+  return '\n'.join(lines)
+
+
+def _bytes(n: float) -> str:
+  return f'{n / GIB:.2f} GiB' if n >= GIB / 10 else f'{n / 1024 ** 2:.1f} MiB'
+
+
+def _flop(n: float) -> str:
+  return f'{n / 1e12:.3f} TFLOP' if n >= 1e11 else f'{n / 1e9:.2f} GFLOP'
+
+
+def format_program(p: dict) -> str:
+  m = p['memory_gib']
+  if 'compiler_error' in p:
+    return (f'{p["program"]}  (compiler gave up after '
+            f'{p["compile_seconds"]:.0f} s)\n  memory per chip: at least '
+            f'{m["total"]:.2f} GiB of temporaries of {p["hbm_gib"]:g} GiB '
+            f'HBM: fits: no\n  ({p["compiler_error"]})')
+  lines = [
+      f'{p["program"]}  (compiled in {p["compile_seconds"]:.0f} s)',
+      f'  memory per chip: {_bytes(m["arguments"] * GIB)} arguments, '
+      f'{_bytes(m["temporaries"] * GIB)} temporaries, '
+      f'{_bytes(m["outputs"] * GIB)} outputs, {_bytes(m["aliased"] * GIB)} '
+      f'aliased, {_bytes(m["total"] * GIB)} total of {p["hbm_gib"]:g} GiB '
+      f'HBM: fits: {"yes" if p["fits"] else "no"}',
+      '  collectives: ' + ', '.join(
+          f'{op} {s["count"]}' + (f' ({_bytes(s["bytes"])})' if s['count']
+                                  else '')
+          + (f' + {s["windowed"]} in windowed einsums' if s['windowed']
+             else '')
+          for op, s in p['collectives'].items())]
+  cost = f'  cost model: {_flop(p["flops_per_device"])} per chip'
+  if p['estimated_seconds'] is None:
+    cost += ', no estimate'
+  else:
+    cost += f', {p["estimated_seconds"] * 1e3:.2f} ms'
+    if p['mfu'] is not None:
+      cost += f', MFU {100 * p["mfu"]:.1f}%'
+  if p['model_flops_per_device']:
+    cost += f'; model FLOPs {_flop(p["model_flops_per_device"])} per chip'
+  if p.get('loops_undercounted'):
+    cost += ('\n  (the cost model counted loop bodies once: scanned layers, '
+             'windowed einsums; its time is a lower bound, the MFU an upper '
+             'one)')
+  lines.append(cost)
+  return '\n'.join(lines)
+
+
+def format_header(report: dict) -> str:
+  mesh = ' '.join(f'{k}={v}' for k, v in report['mesh'].items())
+  return (f'{report["topology"]}: {report["chips"]} x {report["device_kind"]}'
+          f' on {report["hosts"]} host(s), {report["hbm_gib"]:g} GiB HBM and '
+          f'{report["peak_bf16_flops"] / 1e12:.0f} TFLOP/s bf16 per chip; '
+          f'mesh {mesh}; vocabulary {report["vocab_size"]}')

@@ -1,0 +1,217 @@
+"""`jaxformer compile`: the run's programs compiled for TPU topologies by
+libtpu's compile-only client on this CPU machine.
+
+Compiling is the cost here (a real-size train step takes minutes of CPU),
+so each program is compiled once, in a module fixture: real sizes where the
+test is about fitting in HBM, a shrunk model where it is about the logic.
+The fixtures print what `jaxformer compile` prints (`pytest -s` shows it).
+"""
+import json
+
+import pytest
+
+pytest.importorskip(
+    'libtpu', reason='libtpu has wheels for Linux x86_64 only; elsewhere '
+    'install it as `pip install -e ".[tpu]"` does on Linux x86_64.')
+
+from jaxformer import aot  # noqa: E402
+from jaxformer import cli  # noqa: E402
+from jaxformer import hlo  # noqa: E402
+from jaxformer.config import load_config  # noqa: E402
+
+# A shrunk translator: quickstart's runlocal with 4 heads, so that 4-way
+# tensor parallelism splits them.
+SMALL = ['--config.model.d_model=64', '--config.model.num_heads=4',
+         '--config.model.d_ff=128']
+
+
+def _program(report, kind):
+  [program] = [p for p in report['programs'] if p['kind'] == kind]
+  return program
+
+
+# --------------------------------------------------------------- pure parts
+
+HLO = """HloModule jit_train_step, entry_computation_layout={...}
+
+%fused (param_0: bf16[4,8]) -> bf16[4,8] {
+  %param_0 = bf16[4,8]{1,0} parameter(0)
+  ROOT %neg = bf16[4,8]{1,0} negate(%param_0)
+}
+
+ENTRY %main (p0: f32[16,1024], p1: bf16[4,8]) -> (f32[], bf16[64,8]) {
+  %p0 = f32[16,1024]{1,0} parameter(0), metadata={op_name="x"}
+  %p1 = bf16[4,8]{1,0} parameter(1)
+  %all-reduce.1 = (f32[16,1024]{1,0}, bf16[4,8]{1,0}) all-reduce(%p0, %p1), replica_groups={{0,1}}, to_apply=%add
+  %all-gather-start.2 = (bf16[4,8]{1,0}, bf16[64,8]{1,0}) all-gather-start(%p1), dimensions={0}
+  %all-gather-done.2 = bf16[64,8]{1,0} all-gather-done(%all-gather-start.2)
+  %reduce-scatter.3 = f32[1,1024]{1,0} reduce-scatter(%p0), dimensions={0}, to_apply=%add
+  %collective-permute.4 = bf16[4,8]{1,0} collective-permute(%p1), source_target_pairs={{0,1},{1,0}}
+  %while.5 = (bf16[4,8]{1,0}, s32[]) while(%init), condition=%wide.windowed_dot_general_cond_rs.2, body=%wide.windowed_dot_general_body_rs.2.clone.sunk
+  %while.6 = (bf16[4,8]{1,0}, s32[]) while(%init), condition=%cond, body=%scan_body
+  ROOT %t = (f32[], bf16[64,8]{1,0}) tuple(%all-reduce.1, %all-gather-done.2)
+}
+"""
+
+
+def test_collectives_are_counted_once_with_their_operand_bytes():
+  stats = hlo.collective_stats(HLO)
+  assert stats['all-reduce'] == {'count': 1, 'bytes': 16 * 1024 * 4 + 64,
+                                 'windowed': 0}
+  # An asynchronous start/done pair counts once.
+  assert stats['all-gather'] == {'count': 1, 'bytes': 64, 'windowed': 0}
+  # A windowed einsum's loop is a reduce-scatter, whatever else loops.
+  assert stats['reduce-scatter'] == {'count': 1, 'bytes': 16 * 1024 * 4,
+                                     'windowed': 1}
+  assert stats['collective-permute'] == {'count': 1, 'bytes': 64,
+                                         'windowed': 0}
+  assert stats['all-to-all'] == {'count': 0, 'bytes': 0.0, 'windowed': 0}
+
+
+def test_shape_bytes():
+  assert hlo.shape_bytes('bf16[8,128]{1,0:T(8,128)(2,1)}') == 2048
+  assert hlo.shape_bytes('(f32[2]{0}, s32[], pred[3])') == 8 + 4 + 3
+
+
+def test_topology_names_follow_google_accelerator_types():
+  v5p = aot.topology('v5p-64')  # TensorCores: 32 chips of 2.
+  assert (v5p.chips, v5p.chip.hbm_gib) == (32, 95)
+  assert aot.topology('v4-8').chips == 4
+  assert aot.topology('v5e-8').chips == 8  # v5e and v6e count chips.
+  assert aot.topology('v6e-256').chips == 256
+  with pytest.raises(ValueError, match='Unknown topology .v5e-7.*v5e-8'):
+    aot.topology('v5e-7')
+
+
+@pytest.mark.parametrize('name, chips, hosts', [
+    ('v5e-8', 8, 1), ('v5e-16', 16, 4), ('v5p-64', 32, 8), ('v4-8', 4, 1),
+    ('v6e-256', 256, 64)])
+def test_compile_only_devices_of_every_host(name, chips, hosts):
+  devices = aot.topology_devices(aot.topology(name))
+  assert len(devices) == chips
+  assert len({d.process_index for d in devices}) == hosts
+
+
+def test_bucket_shapes_round_rows_to_the_multiple():
+  config = load_config('configs/wmt14_ende_base.py')
+  shapes = aot.train_shapes(config, 8)
+  # 25,000 // 8 = 3,125 rows, rounded down to stay within the token budget.
+  assert shapes[0] == (3120, 8, 8)
+  assert shapes[-1] == (96, 256, 256)
+  assert all(rows % 8 == 0 for rows, _, _ in shapes)
+  assert aot.train_shapes(config, 8, buckets=[8, 256]) == [shapes[0],
+                                                           shapes[-1]]
+  with pytest.raises(ValueError, match='not a bucket width'):
+    aot.train_shapes(config, 8, buckets=[9])
+
+
+def test_misfit_message_names_program_shortfall_and_levers():
+  report = {'programs': [{
+      'program': 'train 104x(256+256)', 'kind': 'train', 'fits': False,
+      'memory_gib': {'total': 20.5}, 'shortfall_gib': 4.5, 'hbm_gib': 16}]}
+  message = aot.misfit_message(report)
+  assert 'train 104x(256+256) does not fit' in message
+  assert '4.50 GiB more than the 16 GiB' in message
+  for lever in ('mesh.fsdp', 'model.remat_policy', 'model.scan_layers',
+                'data.tokens_per_batch', 'train.grad_accum_steps'):
+    assert lever in message
+
+
+# ---------------------------------------------------- compiled, real sizes
+
+@pytest.fixture(scope='module')
+def base_on_v5e8():
+  """wmt14_ende_base in bf16, data-parallel over a v5e-8: the train step of
+  its widest bucket (the most attention memory per token)."""
+  # Scanned layers: the unrolled 6+6 layers took 40 minutes to compile on a
+  # busy 2-core host, the scanned ones a few.
+  config = load_config('configs/wmt14_ende_base.py:bf16',
+                       ['--config.mesh.data=8',
+                        '--config.model.scan_layers=true'])
+  return aot.compile_run(config, 'v5e-8', kinds=('train',), buckets=[256],
+                         log=print)
+
+
+def test_base_fits_a_v5e8(base_on_v5e8):
+  train = _program(base_on_v5e8, 'train')
+  assert base_on_v5e8['mesh'] == {'data': 8, 'fsdp': 1, 'tensor': 1}
+  assert train['program'] == 'train 96x(256+256)'
+  assert train['fits'], train
+  memory = train['memory_gib']
+  # Parameters and Adam moments in float32: ~63M x 12 bytes, replicated.
+  assert 0.6 < memory['arguments'] < 1.0
+  assert 0 < memory['total'] < 16
+  # Data parallelism: the gradients are all-reduced, nothing is gathered.
+  assert train['collectives']['all-reduce']['count'] >= 1
+  assert train['collectives']['all-gather']['count'] == 0
+  assert train['flops_per_device'] > 0
+
+
+@pytest.fixture(scope='module')
+def big_on_v5p64():
+  """wmt14_ende_big in bf16 on a v5p-64 (32 chips, 8 hosts), FSDP over all
+  chips, scanned and rematerialised layers: its widest bucket's step."""
+  config = load_config('configs/wmt14_ende_big.py:bf16', [
+      '--config.mesh.data=1', '--config.mesh.fsdp=32',
+      '--config.model.scan_layers=true', '--config.model.remat_policy=full'])
+  return aot.compile_run(config, 'v5p-64', kinds=('train',), buckets=[256],
+                         log=print)
+
+
+def test_big_with_fsdp_fits_a_v5p64(big_on_v5p64):
+  assert (big_on_v5p64['chips'], big_on_v5p64['hosts']) == (32, 8)
+  train = _program(big_on_v5p64, 'train')
+  assert train['fits'], train
+  # ~213M parameters and two Adam moments in float32, split 32 ways.
+  assert train['memory_gib']['arguments'] < 0.4
+  # FSDP: parameters all-gathered for use, gradients reduce-scattered back
+  # (on TPU mostly as windowed einsums, rings of collective-permutes).
+  collectives = train['collectives']
+  assert collectives['all-gather']['count'] > 0
+  assert (collectives['reduce-scatter']['count']
+          + collectives['reduce-scatter']['windowed']) > 0
+
+
+# ------------------------------------------------- compiled, shrunk models
+
+@pytest.fixture(scope='module')
+def tensor_parallel():
+  """A shrunk translator with heads, MLP and vocabulary split 4 ways."""
+  config = load_config('configs/quickstart.py:runlocal', SMALL + [
+      '--config.mesh.data=2', '--config.mesh.tensor=4'])
+  return aot.compile_run(config, 'v5e-8', log=print)
+
+
+def test_tensor_parallel_layout_compiles_every_program(tensor_parallel):
+  assert tensor_parallel['mesh'] == {'data': 2, 'fsdp': 1, 'tensor': 4}
+  names = [p['program'] for p in tensor_parallel['programs']]
+  assert names == ['train 16x(40+40)', 'eval 16x(40+40)',
+                   'decode beam 4 100x40->56']
+  for program in tensor_parallel['programs']:
+    assert program['fits'] and program['memory_gib']['total'] > 0
+    # Partial sums of split matmuls are all-reduced over `tensor`.
+    assert program['collectives']['all-reduce']['count'] >= 1
+  assert _program(tensor_parallel, 'train')['model_flops_per_device'] > 0
+
+
+def test_oversized_batch_does_not_fit_and_says_what_to_change(
+    tmp_path, capsys):
+  """65,536 rows of 40 + 40 tokens with an 8,000-piece vocabulary: the
+  float32 logits alone are 21 GiB per v5e chip."""
+  path = tmp_path / 'report.json'
+  code = cli.main([
+      'compile', '--config', 'configs/quickstart.py:runlocal',
+      '--topology', 'v5e-4', '--programs', 'train', '--json', str(path),
+      '--config.data.batch_size=65536',
+      '--config.data.tokenizer.vocab_size=8000'])
+  captured = capsys.readouterr()
+  assert code == 1
+  assert 'fits: no' in captured.out
+  assert 'train 65536x(40+40) does not fit' in captured.err
+  assert 'GiB more than the 16 GiB of HBM' in captured.err
+  for lever in ('mesh.fsdp', 'model.remat_policy', 'model.scan_layers',
+                'train.grad_accum_steps'):
+    assert lever in captured.err
+  report = json.loads(path.read_text())
+  [train] = report['programs']
+  assert not train['fits'] and train['shortfall_gib'] > 0
