@@ -23,8 +23,7 @@ def cmd_train(args, overrides) -> int:
   make_workdir(args.workdir)
   trainer = Trainer(config, args.workdir)
   trainer.run()
-  finished = int(trainer.state.step) >= config.train.num_steps
-  if finished and trainer.task.name == 'translation':
+  if trainer.finished and trainer.task.name == 'translation':
     report_translation(trainer)
   return 0
 
