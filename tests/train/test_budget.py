@@ -123,3 +123,12 @@ def test_average_last_evaluates_and_exports_the_mean(tmp_path):
 def test_bad_budget_or_average_is_a_clear_error(overrides, message):
   with pytest.raises(ConfigError, match=message.replace('(', r'\(')):
     load_config(CONFIG, overrides)
+
+
+def test_the_cpu_recipe_loads_with_a_budget_and_averaging():
+  config = load_config('configs/tsv_example.py:cpu')
+  assert config.train.max_minutes == 15 and config.train.schedule_over_budget
+  assert config.eval.average_last <= config.checkpoint.keep
+  assert config.data.batching == 'pack'
+  with pytest.raises(ValueError, match="unknown variant"):
+    load_config('configs/tsv_example.py:gpu')
