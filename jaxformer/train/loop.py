@@ -269,6 +269,7 @@ class Trainer:
         if measure_at and mark is None:
           mark = (step, self.budget.elapsed())
         elif step == measure_at and not last:
+          progress.close()
           progress = Progress(self._fix_budget_steps(step, mark), step,
                               enabled=self.is_main)
           step_fn = self._compile_step(shardings)
