@@ -50,7 +50,8 @@ def _cpu(config):
                       schedule='warmup_cosine', schedule_over_budget=True,
                       learning_rate=2e-3, warmup_steps=100,
                       grad_clip_norm=1.0, log_every=25)
-  # Evaluation costs training time; the final one (after the budget) and
-  # the mean of the last checkpoints are what count.
-  config.eval.update(every=0, bleu_examples=200, average_last=3)
+  # Evaluation costs training time; only the final one counts. The mean of
+  # the last 3 checkpoints (eval.average_last=3) scored 3 BLEU below the
+  # last one in a 200-step run, whose checkpoints still differ too much.
+  config.eval.update(every=0, bleu_examples=200)
   config.checkpoint.update(every=50, keep=3)
