@@ -444,6 +444,17 @@ def running_mean(mean, params, count: int):
   return jax.tree.map(lambda m, p: m + (p - m) / count, mean, params)
 
 
+def mean_params(reader: Checkpointer, steps: list[int], abstract_params):
+  """The mean parameters of `steps` (read one at a time by `reader`, a
+  `Checkpointer.reader`), placed as `abstract_params` says."""
+  mean = None
+  for count, step in enumerate(steps, start=1):
+    params = _read_step(reader, step,
+                        lambda s: reader.restore_params(s, abstract_params))
+    mean = params if mean is None else running_mean(mean, params, count)
+  return mean
+
+
 def average_checkpoints(workdir: str, last: int, out: str) -> list[int]:
   """Exports the mean parameters of the newest `last` checkpoints of
   `workdir` to `out` (as the paper averages the last 5 or 20); returns the
@@ -461,11 +472,7 @@ def average_checkpoints(workdir: str, last: int, out: str) -> list[int]:
   extra = _read_step(reader, steps[-1], reader.restore_extra)
   target = abstract_train_state(ml_collections.ConfigDict(extra['config']),
                           _local_mesh()).params
-  mean = None
-  for count, step in enumerate(steps, start=1):
-    params = _read_step(reader, step,
-                        lambda s: reader.restore_params(s, target))
-    mean = params if mean is None else running_mean(mean, params, count)
+  mean = mean_params(reader, steps, target)
   export_params(out, mean, dict(extra, steps=steps,
                                 source=reader.directory))
   return steps

@@ -51,8 +51,7 @@ def cmd_train(args, overrides) -> int:
     trainer.run(stop)
   if stop.signal_name:
     return 0
-  finished = int(trainer.state.step) >= config.train.num_steps
-  if finished and trainer.task.name == 'translation':
+  if trainer.finished and trainer.task.name == 'translation':
     report_translation(trainer)
   return 0
 

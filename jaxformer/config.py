@@ -44,6 +44,10 @@ def default_config() -> ml_collections.ConfigDict:
       nan_policy='stop',  # stop | skip (non-finite steps are not applied)
       log_every=100,
       peak_flops=0.0,  # FLOP/s of one device for MFU; 0: measure at start
+      max_minutes=0.0,  # wall-clock budget (from the start); 0: none
+      # With max_minutes and warmup_cosine: at the end of warm-up, fix
+      # num_steps to what the budget allows (saved in the workdir).
+      schedule_over_budget=False,
   ))
   c.mesh = ml_collections.ConfigDict(dict(
       data=-1, fsdp=1, tensor=1,
@@ -56,6 +60,8 @@ def default_config() -> ml_collections.ConfigDict:
       bleu_examples=256,  # dev sentences decoded for BLEU during training
       final_split='test',  # decoded with beam search after training; '' skips
       show_examples=5,  # example translations printed after training
+      # > 1: the final evaluation uses the mean of the last N checkpoints.
+      average_last=0,
   ))
   c.decode = ml_collections.ConfigDict(dict(
       beam_size=4, alpha=0.6, max_extra_len=50, batch_size=64))
@@ -226,6 +232,7 @@ def validate(config: ml_collections.ConfigDict) -> None:
   problems = config_ranges.out_of_range(config)
   if problems:
     raise ConfigError(' '.join(problems))
+  _validate_budget_and_average(config)
 
 
 _LENGTH_KEYS = {'translation': ('max_source_length', 'max_target_length'),
@@ -242,6 +249,31 @@ def _check_lengths_fit_model(config: ml_collections.ConfigDict) -> None:
           f'data.{key}={config.data[key]} is above model.max_len='
           f'{config.model.max_len}: positions past max_len have no '
           f'embedding. Lower data.{key} or raise model.max_len.')
+
+
+def _validate_budget_and_average(config: ml_collections.ConfigDict) -> None:
+  train = config.train
+  if train.schedule_over_budget and not train.max_minutes:
+    raise ConfigError('train.schedule_over_budget=True needs a budget: set '
+                      'train.max_minutes > 0.')
+  if train.schedule_over_budget and train.schedule != 'warmup_cosine':
+    raise ConfigError('train.schedule_over_budget=True needs '
+                      "train.schedule='warmup_cosine' (the others do not "
+                      f'depend on the step count), not {train.schedule!r}.')
+  if train.schedule_over_budget and (
+      train.warmup_steps < 2 * train.log_every):
+    raise ConfigError(
+        'train.schedule_over_budget=True measures the step time during '
+        f'warm-up: train.warmup_steps={train.warmup_steps} must be at least '
+        f'2 * train.log_every={2 * train.log_every}; lower train.log_every.')
+  average = config.eval.average_last
+  if average > 1 and config.checkpoint.keep < average:
+    raise ConfigError(
+        f'eval.average_last={average} needs that many checkpoints kept: set '
+        f'checkpoint.keep >= {average} (it is {config.checkpoint.keep}).')
+  if average > 1 and not config.checkpoint.every:
+    raise ConfigError(f'eval.average_last={average} needs checkpoints during '
+                      'training: set checkpoint.every > 0.')
 
 
 def _check_keys(config, reference, where: str) -> None:

@@ -86,6 +86,7 @@ RANGES = {
     'train.grad_accum_steps': POSITIVE,
     'train.log_every': POSITIVE,
     'train.peak_flops': NON_NEGATIVE,
+    'train.max_minutes': NON_NEGATIVE,  # 0: no budget
     'mesh.data': MESH_SIZE,
     'mesh.fsdp': MESH_SIZE,
     'mesh.tensor': MESH_SIZE,
@@ -93,6 +94,7 @@ RANGES = {
     'eval.num_batches': NON_NEGATIVE,
     'eval.bleu_examples': NON_NEGATIVE,
     'eval.show_examples': NON_NEGATIVE,
+    'eval.average_last': NON_NEGATIVE,  # 0 or 1: no averaging
     'decode.beam_size': POSITIVE,
     'decode.alpha': NON_NEGATIVE,
     'decode.max_extra_len': NON_NEGATIVE,

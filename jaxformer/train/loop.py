@@ -3,7 +3,6 @@
 Everything with side effects lives here: the workdir, tokenizers, the data
 stream, checkpoints, metrics, evaluation and signals.
 """
-import os
 import signal
 import time
 
@@ -11,6 +10,7 @@ import jax
 import jax.numpy as jnp
 import ml_collections
 import numpy as np
+from jax.experimental import multihost_utils
 
 from jaxformer import checkpoint as checkpoint_lib
 from jaxformer import parallel
@@ -19,6 +19,7 @@ from jaxformer.data import tasks as data_tasks
 from jaxformer.data import tokenizer as tokenizer_lib
 from jaxformer.model import config as model_config_lib
 from jaxformer.tasks import get_task
+from jaxformer.train import budget as budget_lib
 from jaxformer.train import flops as flops_lib
 from jaxformer.train import loss as losses
 from jaxformer.train import schedule as schedules
@@ -139,6 +140,9 @@ class Trainer:
 
   def __init__(self, config: ml_collections.ConfigDict, workdir: str):
     parallel.initialize_distributed(config.distributed)
+    self.budget = budget_lib.Budget(config.train.max_minutes,
+                                    sync_every=config.train.log_every)
+    self.finished = False
     self.workdir = workdir
     self.is_main = jax.process_index() == 0
     self._eval_fn = None
@@ -169,9 +173,7 @@ class Trainer:
     parallel.check_process_rows(self.mesh)
     data_tasks.check_batch_shapes(self.config, parallel.row_shards(self.mesh),
                                   jax.process_count())
-    train = self.config.train
-    self.schedule = schedules.make_schedule(train, self.model_config.d_model)
-    self.tx = schedules.make_optimizer(train, self.schedule)
+    self._set_num_steps(self.config.train.num_steps)
     self.example_batch = example_batch(self.config)
     self._check_splits()
 
@@ -186,6 +188,63 @@ class Trainer:
           self.config, self.source_tok, self.target_tok, split,
           process_index=jax.process_index(),
           process_count=jax.process_count())), None)
+
+  def _set_num_steps(self, num_steps: int) -> None:
+    """The step count, and the schedule and optimizer that follow it."""
+    self.config.train.num_steps = num_steps
+    self.schedule = schedules.make_schedule(self.config.train,
+                                            self.model_config.d_model)
+    self.tx = schedules.make_optimizer(self.config.train, self.schedule)
+
+  def _compile_step(self, shardings):
+    train = self.config.train
+    return compile_train_step(
+        self.mesh, shardings, task=self.task,
+        model=self.task.model(self.model_config, deterministic=False),
+        tx=self.tx, schedule=self.schedule,
+        label_smoothing=train.label_smoothing,
+        grad_accum_steps=train.grad_accum_steps, prng_impl=train.prng_impl)
+
+  def _budget_measure_step(self, start_step: int) -> int | None:
+    """The step at which to fix the step count the budget allows (the end
+    of warm-up, where the schedules before and after agree), or None when
+    it is fixed already (read from the workdir) or not wanted."""
+    train = self.config.train
+    if not (train.max_minutes and train.schedule_over_budget):
+      return None
+    fixed = budget_lib.read_steps(self.workdir)
+    if fixed is not None:
+      self._set_num_steps(fixed)
+      self.log(f'Training to step {fixed}, the count fixed for the '
+               f'{train.max_minutes:g}-minute budget in '
+               f'{paths.join(self.workdir, budget_lib.STEPS_FILE)}.')
+      return None
+    if start_step + train.log_every >= train.warmup_steps:
+      self.log('WARNING: resumed after warm-up without '
+               f'{budget_lib.STEPS_FILE}; the schedule stays over '
+               f'train.num_steps={train.num_steps}.')
+      return None
+    return train.warmup_steps
+
+  def _fix_budget_steps(self, step: int, mark: tuple[int, float]) -> int:
+    """Fixes (and writes) the step count from the time per step since
+    `mark` = (step, budget time). Recompiling is not allowed for: the
+    budget stops the run a little early, where the schedule is near 0."""
+    seconds = (self.budget.elapsed() - mark[1]) / (step - mark[0])
+    num_steps = budget_lib.estimate_steps(step, seconds,
+                                          self.budget.remaining())
+    num_steps = max(num_steps, step + 1)
+    if jax.process_count() > 1:
+      num_steps = int(multihost_utils.broadcast_one_to_all(
+          np.int32(num_steps)))
+    if self.is_main:
+      budget_lib.write_steps(self.workdir, num_steps, seconds,
+                             self.config.train.max_minutes)
+    self._set_num_steps(num_steps)
+    self.log(f'step {step}: {seconds:.3g} s per step; the '
+             f'{self.config.train.max_minutes:g}-minute budget allows '
+             f'{num_steps} steps, the schedule now ends there.')
+    return num_steps
 
   def initial_state(self) -> TrainState:
     """The latest good checkpoint's state, or a fresh one."""
@@ -236,6 +295,7 @@ class Trainer:
         row_multiple=data_tasks.row_multiple(config,
                                              parallel.row_shards(self.mesh)))
     writer = MetricsWriter(self.workdir, enabled=self.is_main)
+    measure_at = self._budget_measure_step(start_step)
     progress = Progress(train.num_steps, start_step, enabled=self.is_main)
     peak_flops = train.peak_flops or measure_peak_flops()
     final = {}
@@ -258,29 +318,26 @@ class Trainer:
       self.log(f'Training steps {start_step + 1}-{train.num_steps} in '
                f'{self.workdir} (the first step compiles first).')
     with parallel.activate(self.mesh, self.rules):
-      step_fn = compile_train_step(
-          self.mesh, shardings, task=self.task,
-          model=self.task.model(self.model_config, deterministic=False),
-          tx=self.tx, schedule=self.schedule,
-          label_smoothing=train.label_smoothing,
-          grad_accum_steps=train.grad_accum_steps, prng_impl=train.prng_impl)
+      step_fn = self._compile_step(shardings)
       # Steps run ahead of the host by at most one: before step n + 1 is
       # dispatched, step n - 1 has finished (its metrics are fetched). So a
       # stop is acted on within two steps, not after a whole log window.
       pending, records = [], []
       window_start, window_tokens, window_flops = time.perf_counter(), 0, 0.0
-      step = start_step
+      step, mark = start_step, None
       while step < train.num_steps:
         local = next(batches)
         state, metrics = step_fn(state, parallel.global_batch(local, self.mesh))
         step += 1
+        out_of_time = self.budget.spent(step)
+        last = step == train.num_steps or out_of_time
         pending.append((step, metrics))
         records += self._fetch(pending[:-1])
         del pending[:-1]
         stopping = stop.at(step, self.checkpoints)
         window_tokens += self._tokens(local) * jax.process_count()
         window_flops += self._flops(local)
-        boundary = (step % train.log_every == 0 or step == train.num_steps
+        boundary = (step % train.log_every == 0 or last or step == measure_at
                     or self._eval_due(step) or self.checkpoints.due(step)
                     or stopping)
         if not boundary:
@@ -296,7 +353,14 @@ class Trainer:
         records = []
         writer.write(step, final)
         progress.update(step, final)
-        if self._eval_due(step) or step == train.num_steps:
+        if measure_at and mark is None:
+          mark = (step, self.budget.elapsed())
+        elif step == measure_at and not last:
+          progress.close()
+          progress = Progress(self._fix_budget_steps(step, mark), step,
+                              enabled=self.is_main)
+          step_fn = self._compile_step(shardings)
+        if self._eval_due(step) or last:
           eval_metrics = self.evaluate(state)
           writer.write(step, eval_metrics, prefix='eval_')
           progress.log(f'step {step}: ' + ' '.join(
@@ -307,6 +371,12 @@ class Trainer:
           stopping = stopping or stop.signalled()
         elif self.checkpoints.due(step) or stopping:
           self.checkpoints.save(step, state, final, force=stopping)
+        if out_of_time and not stopping:
+          progress.log(f'step {step}: the {train.max_minutes:g}-minute '
+                       'budget is spent; training ends here.')
+        if last and not stopping:
+          self.finished = True
+          break
         if stopping:
           self.checkpoints.wait()
           progress.close()
@@ -316,10 +386,40 @@ class Trainer:
           break
         window_start, window_tokens, window_flops = time.perf_counter(), 0, 0.0
       self.checkpoints.wait()
+      self.finished = self.finished or step >= train.num_steps
+      if self.finished and self.config.eval.average_last > 1:
+        state = self._averaged(state, step, writer)
     progress.close()
     writer.close()
     self.state = state
     return final
+
+  def _averaged(self, state: TrainState, step: int,
+                writer: MetricsWriter) -> TrainState:
+    """`state` with the mean parameters of the last `eval.average_last`
+    checkpoints (the final one included), evaluated, logged and exported to
+    WORKDIR/average_<first>-<last> for `jaxformer translate`."""
+    steps = self.checkpoints.all_steps()[-self.config.eval.average_last:]
+    if len(steps) < 2:
+      self.log(f'Only the checkpoint of step {steps} exists: nothing to '
+               'average.')
+      return state
+    abstract = jax.tree.map(
+        lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=x.sharding),
+        state.params)
+    reader = checkpoint_lib.Checkpointer.reader(self.workdir)
+    state = state.replace(
+        params=checkpoint_lib.mean_params(reader, steps, abstract))
+    metrics = self.evaluate(state)
+    writer.write(step, metrics, prefix='eval_average_')
+    out = paths.join(self.workdir, f'average_{steps[0]}-{steps[-1]}')
+    if not paths.exists(out):
+      checkpoint_lib.export_params(out, state.params, dict(
+          self.checkpoints.extra, steps=steps,
+          source=self.checkpoints.directory))
+    self.log(f'Averaged the checkpoints of steps {steps} (exported to {out}): '
+             + ' '.join(f'eval_{k}={v:.4g}' for k, v in metrics.items()))
+    return state
 
   def _tokens(self, local) -> int:
     return int(sum(np.count_nonzero(local[k]) for k in ('inputs', 'targets')

@@ -1,0 +1,100 @@
+"""Runs variants of `configs/tsv_example.py:cpu` on a TSV corpus (e.g. the
+one benchmarks/gettext_corpus.py writes) and tabulates them: the steps, the
+seconds per step, the dev curve and the final test scores. Results:
+benchmarks/cpu_recipe.md.
+
+  python3 benchmarks/gettext_corpus.py --lang fr --out data/gettext-fr
+  python3 benchmarks/cpu_recipe.py --data data/gettext-fr --out runs/recipe \
+      --variant recipe= --variant issue_guess=train.schedule=warmup_rsqrt,\
+train.schedule_over_budget=false,train.warmup_steps=300,eval.average_last=0
+
+Each variant is `name=key=value,key=value` (overrides of the :cpu config).
+On a shared machine wall-clock budgets are not comparable: pass
+--num_steps to compare variants at a fixed number of steps (the budget is
+then switched off and warmup_cosine decays over those steps), and compare
+the seconds per step separately. A finished variant is not run again.
+"""
+import argparse
+import json
+import os
+import subprocess
+import sys
+
+from jaxformer.train.metrics import read_metrics
+
+CONFIG = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(
+    __file__))), 'configs', 'tsv_example.py') + ':cpu'
+
+
+def overrides_of(spec: str) -> tuple[str, list[str]]:
+  name, _, rest = spec.partition('=')
+  return name, [f'--config.{kv}' for kv in rest.split(',') if kv]
+
+
+def run_variant(name: str, overrides: list[str], args) -> str:
+  workdir = os.path.join(args.out, name)
+  if os.path.exists(os.path.join(workdir, 'test_scores.json')):
+    return workdir
+  data = [f'--config.data.tsv.{split}={os.path.join(args.data, split)}.tsv'
+          for split in ('train', 'dev', 'test')]
+  fixed = []
+  if args.num_steps:
+    fixed = [f'--config.train.num_steps={args.num_steps}',
+             '--config.train.max_minutes=0',
+             '--config.train.schedule_over_budget=false']
+  if args.eval_every:
+    fixed.append(f'--config.eval.every={args.eval_every}')
+  command = ['jaxformer', 'train', '--config', CONFIG, '--workdir', workdir,
+             *data, *fixed, *overrides]
+  os.makedirs(workdir, exist_ok=True)
+  print(' '.join(command), flush=True)
+  with open(os.path.join(workdir, 'log.txt'), 'a') as log:
+    subprocess.run(command, stdout=log, stderr=subprocess.STDOUT, check=True)
+  return workdir
+
+
+def summary(name: str, workdir: str) -> dict:
+  records = read_metrics(workdir)
+  train = [r for r in records if 'step_time' in r]
+  # The first window holds the compilation.
+  times = [r['step_time'] for r in train[1:]] or [float('nan')]
+  curve = [(r['step'], round(r['eval_bleu'], 2)) for r in records
+           if 'eval_bleu' in r]
+  averaged = [r for r in records if 'eval_average_bleu' in r]
+  scores_path = os.path.join(workdir, 'test_scores.json')
+  scores = json.load(open(scores_path)) if os.path.exists(scores_path) else {}
+  return {'variant': name, 'steps': train[-1]['step'] if train else 0,
+          'seconds_per_step': round(sorted(times)[len(times) // 2], 3),
+          'final_loss': round(train[-1]['loss'], 3) if train else None,
+          'dev_bleu_curve': curve,
+          'dev_bleu_averaged': (round(averaged[-1]['eval_average_bleu'], 2)
+                                if averaged else None),
+          'test_bleu': round(scores.get('bleu', float('nan')), 2),
+          'test_chrf': round(scores.get('chrf', float('nan')), 2)}
+
+
+def main(argv=None) -> int:
+  parser = argparse.ArgumentParser(description=__doc__.split('\n\n')[0])
+  parser.add_argument('--data', required=True,
+                      help='directory with train.tsv, dev.tsv, test.tsv')
+  parser.add_argument('--out', required=True, help='one workdir per variant')
+  parser.add_argument('--variant', action='append', required=True,
+                      help='name=key=value,key=value')
+  parser.add_argument('--num_steps', type=int, default=0,
+                      help='> 0: a fixed step count instead of the budget')
+  parser.add_argument('--eval_every', type=int, default=0,
+                      help='> 0: dev BLEU every that many steps (a curve)')
+  args = parser.parse_args(argv)
+  rows = []
+  for spec in args.variant:
+    name, overrides = overrides_of(spec)
+    rows.append(summary(name, run_variant(name, overrides, args)))
+    print(json.dumps(rows[-1]), flush=True)
+  with open(os.path.join(args.out, 'summary.jsonl'), 'a') as f:
+    for row in rows:
+      f.write(json.dumps(row) + '\n')
+  return 0
+
+
+if __name__ == '__main__':
+  sys.exit(main())
