@@ -10,6 +10,14 @@ os.environ.setdefault('TF_CPP_MIN_LOG_LEVEL', '2')
 # With libtpu installed (the tpu extra), every test process loads it; let
 # them all, and the compile-only client of test_compile, load it at once.
 os.environ.setdefault('ALLOW_MULTIPLE_LIBTPU_LOAD', '1')
+# The tests run on CPU devices: without this, JAX with libtpu installed
+# tries a TPU backend in every process and libtpu prints its failure to
+# stderr (the compile-only client of test_compile needs no TPU backend).
+os.environ.setdefault('JAX_PLATFORMS', 'cpu')
+# etils.epath decides once per process whether gs:// goes through
+# TensorFlow, at its first remote path; the emulator (gcs_emulator below)
+# needs fsspec/gcsfs, so the choice is made here, before any test runs.
+os.environ.setdefault('EPATH_USE_TF', 'false')
 
 
 @pytest.fixture

@@ -114,7 +114,7 @@ def test_average_last_evaluates_and_exports_the_mean(tmp_path):
 
 
 @pytest.mark.parametrize('overrides, message', [
-    (('train.max_minutes=-1',), 'train.max_minutes=-1.0 must be >= 0'),
+    (('train.max_minutes=-1',), 'train.max_minutes=-1.0 is out of range; it must be >= 0'),
     (('train.schedule_over_budget=true',), 'needs a budget'),
     (('train.schedule_over_budget=true', 'train.max_minutes=5'),
      "needs train.schedule='warmup_cosine'"),
