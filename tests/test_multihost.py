@@ -113,6 +113,15 @@ def free_port() -> int:
     return s.getsockname()[1]
 
 
+def process_env(port: int, index: int) -> dict[str, str]:
+  """The environment of process `index` of two, with 2 CPU devices each,
+  started directly (not through launch/local.sh)."""
+  return dict(os.environ, JAX_COORDINATOR_ADDRESS=f'127.0.0.1:{port}',
+              JAX_NUM_PROCESSES='2', JAX_PROCESS_ID=str(index),
+              JAX_PLATFORMS='cpu',
+              XLA_FLAGS='--xla_force_host_platform_device_count=2')
+
+
 def train(workdir, processes: int, devices: int, steps: int, *overrides):
   """`jaxformer train` as `processes` x `devices` through launch/local.sh;
   returns process 0's output."""
@@ -213,10 +222,7 @@ def test_killing_one_process_ends_the_other_within_the_heartbeat_timeout(
   logs = [open(tmp_path / f'process{i}.log', 'w') for i in range(2)]
   processes = [
       subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT,
-                       env=dict(os.environ, JAX_COORDINATOR_ADDRESS=f'127.0.0.1:{port}',
-                                JAX_NUM_PROCESSES='2', JAX_PROCESS_ID=str(i),
-                                JAX_PLATFORMS='cpu', XLA_FLAGS=(
-                                    '--xla_force_host_platform_device_count=2')))
+                       env=process_env(port, i))
       for i, log in enumerate(logs)]
   try:
     wait_for_first_step(workdir, processes, RUN_TIMEOUT)
@@ -248,13 +254,11 @@ def test_sigterm_to_one_process_stops_all_at_the_same_saved_step(tmp_path):
              '--config.train.log_every=1000',
              '--config.checkpoint.every=100000']
   logs = [tmp_path / f'process{i}.log' for i in range(2)]
+  outputs = [open(log, 'w') for log in logs]
   processes = [
-      subprocess.Popen(command, stdout=open(log, 'w'), stderr=subprocess.STDOUT,
-                       env=dict(os.environ, JAX_COORDINATOR_ADDRESS=f'127.0.0.1:{port}',
-                                JAX_NUM_PROCESSES='2', JAX_PROCESS_ID=str(i),
-                                JAX_PLATFORMS='cpu', XLA_FLAGS=(
-                                    '--xla_force_host_platform_device_count=2')))
-      for i, log in enumerate(logs)]
+      subprocess.Popen(command, stdout=out, stderr=subprocess.STDOUT,
+                       env=process_env(port, i))
+      for i, out in enumerate(outputs)]
   try:
     deadline = time.monotonic() + RUN_TIMEOUT
     while 'Training steps' not in logs[0].read_text():
@@ -269,6 +273,8 @@ def test_sigterm_to_one_process_stops_all_at_the_same_saved_step(tmp_path):
       if process.poll() is None:
         process.kill()
         process.wait()
+    for out in outputs:
+      out.close()
   output = logs[0].read_text()
   assert codes == [0, 0], output[-3000:] + logs[1].read_text()[-3000:]
   marker = 'Preemption notice (SIGTERM) received: saved the checkpoint of step '
