@@ -60,11 +60,17 @@ def terminate(run: Training) -> float:
 
 @pytest.fixture(scope='module')
 def slow_reference(tmp_path_factory, environment):
-  """An uninterrupted run: its workdir and its records of the last step."""
+  """An uninterrupted run: its workdir, its records of the last step and the
+  seconds from the start of training (compile included) to its last step."""
   workdir = tmp_path_factory.mktemp('slow_uninterrupted')
   run = slow_run(workdir, environment)
+  run.wait_until(lambda: started(run), 'the start of training')
+  start = time.monotonic()
+  run.wait_until(lambda: f'step {NUM_STEPS}/{NUM_STEPS}' in run.output(),
+                 'the last step')
+  training_seconds = time.monotonic() - start
   assert run.finish() == 0, run.output()
-  return workdir, last_step_records(workdir)
+  return workdir, last_step_records(workdir), training_seconds
 
 
 def last_step_records(workdir) -> list[dict]:
@@ -89,7 +95,9 @@ def test_sigterm_at_a_random_moment_saves_within_two_steps_and_resumes_exactly(
   workdir = fresh_workdir(tmp_path, slow_reference)
   run = slow_run(workdir, environment)
   run.wait_until(lambda: started(run), 'the start of training')
-  time.sleep(random.uniform(2, 2 + 4 * step_seconds(slow_reference)))
+  # A moment from the first compile to well before the last step: the
+  # reference's own duration scales it to this machine's speed.
+  time.sleep(random.uniform(0.2, 0.6) * slow_reference[2])
   seconds = terminate(run)
 
   step = stopped_at(run)
