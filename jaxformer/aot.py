@@ -310,6 +310,7 @@ def program_report(program: Program, topo: Topology, num_devices: int
   seconds_to_compile = time.perf_counter() - start
   memory = memory_stats(compiled)
   flops, seconds = cost_stats(compiled)
+  text = compiled.as_text()
   hbm = topo.chip.hbm_gib * GIB
   report = {
       'program': program.name, 'kind': program.kind,
@@ -317,7 +318,8 @@ def program_report(program: Program, topo: Topology, num_devices: int
       'memory_gib': {k: v / GIB for k, v in memory.items()},
       'hbm_gib': topo.chip.hbm_gib, 'fits': memory['total'] <= hbm,
       'shortfall_gib': max(0.0, (memory['total'] - hbm) / GIB),
-      'collectives': hlo.collective_stats(compiled.as_text()),
+      'collectives': hlo.collective_stats(text),
+      'custom_calls': hlo.custom_calls(text),
       'flops_per_device': flops, 'estimated_seconds': seconds,
       'model_flops_per_device': None, 'mfu': None,
   }
@@ -365,7 +367,8 @@ def _out_of_memory_report(program: Program, topo: Topology, message: str,
       'hbm_gib': topo.chip.hbm_gib, 'fits': False,
       'shortfall_gib': max(0.0, needed - topo.chip.hbm_gib),
       'compiler_error': message.strip().splitlines()[0],
-      'collectives': hlo.collective_stats(''), 'flops_per_device': 0.0,
+      'collectives': hlo.collective_stats(''), 'custom_calls': {},
+      'flops_per_device': 0.0,
       'estimated_seconds': None, 'model_flops_per_device': None, 'mfu': None,
       'loops_undercounted': False}
 
@@ -456,6 +459,9 @@ def format_program(p: dict) -> str:
           + (f' + {s["windowed"]} in windowed einsums' if s['windowed']
              else '')
           for op, s in p['collectives'].items())]
+  if p['custom_calls']:
+    lines.append('  custom calls: ' + ', '.join(
+        f'{target} {n}' for target, n in sorted(p['custom_calls'].items())))
   cost = f'  cost model: {_flop(p["flops_per_device"])} per chip'
   if p['estimated_seconds'] is None:
     cost += ', no estimate'

@@ -88,3 +88,13 @@ def collective_stats(hlo_text: str) -> dict[str, dict[str, float]]:
     stats[op]['count'] += 1
     stats[op]['bytes'] += sum(shape_bytes(shapes.get(o, '')) for o in operands)
   return stats
+
+
+def custom_calls(hlo_text: str) -> dict[str, int]:
+  """Count of each custom-call target in a compiled HLO module's text: the
+  kernels XLA did not write itself, e.g. `tpu_custom_call` for a Pallas
+  (Mosaic) kernel such as splash attention, or cuDNN's fused attention."""
+  counts: dict[str, int] = {}
+  for target in re.findall(r'custom_call_target="([^"]+)"', hlo_text):
+    counts[target] = counts.get(target, 0) + 1
+  return counts

@@ -68,6 +68,15 @@ def test_collectives_are_counted_once_with_their_operand_bytes():
   assert stats['all-to-all'] == {'count': 0, 'bytes': 0.0, 'windowed': 0}
 
 
+def test_custom_calls_are_counted_by_target():
+  text = ('%a = bf16[8]{0} custom-call(%p), custom_call_target="tpu_custom_call"'
+          ', backend_config="..."\n'
+          '%b = bf16[8]{0} custom-call(%a), custom_call_target="tpu_custom_call"\n'
+          '%c = f32[2]{0} custom-call(%b), custom_call_target="Sharding"\n')
+  assert hlo.custom_calls(text) == {'tpu_custom_call': 2, 'Sharding': 1}
+  assert hlo.custom_calls(HLO) == {}
+
+
 def test_shape_bytes():
   assert hlo.shape_bytes('bf16[8,128]{1,0:T(8,128)(2,1)}') == 2048
   assert hlo.shape_bytes('(f32[2]{0}, s32[], pred[3])') == 8 + 4 + 3
@@ -170,6 +179,9 @@ def test_big_with_fsdp_fits_a_v5p64(big_on_v5p64):
   assert collectives['all-gather']['count'] > 0
   assert (collectives['reduce-scatter']['count']
           + collectives['reduce-scatter']['windowed']) > 0
+  # attention_impl='auto' on a TPU is the Pallas splash kernel: Mosaic
+  # custom calls (self, cross and causal attention, forward and backward).
+  assert train['custom_calls'].get('tpu_custom_call', 0) >= 3
 
 
 # ------------------------------------------------- compiled, shrunk models
