@@ -316,7 +316,8 @@ class MultiHeadAttention(nn.Module):
       dropout_rng = self.make_rng('dropout')
     platform = backend.platform()
     kernel = backend.attention_kernel(cfg.attention_impl, platform,
-                                      cfg.compute_dtype)
+                                      cfg.compute_dtype,
+                                      (query.shape[1], key.shape[1]))
     if kernel != 'einsum' and dropout_rng is not None:
       backend.log_once(
           f'model.attention_dropout={cfg.attention_dropout} runs attention '

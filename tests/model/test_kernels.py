@@ -129,6 +129,16 @@ def test_auto_attention_per_platform(platform, dtype, expected):
     assert backend.attention_kernel(impl, platform, dtype) == impl
 
 
+def test_auto_takes_the_einsums_on_tpu_below_one_splash_block():
+  short = (backend.SPLASH_MIN_LENGTH // 2, backend.SPLASH_MIN_LENGTH)
+  assert backend.attention_kernel('auto', 'tpu', jnp.bfloat16, short) == (
+      'einsum')
+  assert backend.attention_kernel('auto', 'tpu', jnp.bfloat16,
+                                  short[::-1]) == 'einsum'
+  assert backend.attention_kernel('splash', 'tpu', jnp.bfloat16, short) == (
+      'splash')
+
+
 def test_unknown_attention_impl_is_an_error_naming_the_key():
   with pytest.raises(ValueError, match='model.attention_impl'):
     backend.attention_kernel('flash', 'cpu', jnp.float32)
