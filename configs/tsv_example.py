@@ -6,10 +6,13 @@
       --config.data.tsv.test=test.tsv
 
 Sized for one GPU or a v5e-4: `jaxformer compile --config
-configs/tsv_example.py --topology v5e-4 --buckets 8` (data=4, vocabulary
-8000) printed for the train step of its narrowest bucket, 1024 x (8+8):
-87 MiB of arguments, 0.20 GiB of temporaries, 0.39 GiB in all per chip of
-16 GiB (fits); cost model 99 GFLOP per chip, no time estimate.
+configs/tsv_example.py --topology v5e-4 --programs train --buckets 8,128`
+(data=4, vocabulary 8000) printed, per chip of 16 GiB, for the train steps
+of its narrowest and widest buckets: 1024 x (8+8), 87 MiB of arguments +
+0.20 GiB of temporaries = 0.39 GiB, attention on the einsums (shorter than
+a splash block); 64 x (128+128), 87 MiB + 0.22 GiB = 0.40 GiB, splash
+attention (27 Mosaic kernels). Both fit; cost model 99 GFLOP per chip and
+step, no time estimate for v5e.
 
 `configs/tsv_example.py:cpu` is the recipe for a laptop (2 CPU cores, about
 15 minutes); the default is the GPU/TPU recipe. See benchmarks/cpu_recipe.md.
