@@ -129,9 +129,19 @@ def load_trained(args, overrides):
   return dataclasses.replace(model, config=config)
 
 
+def load_translator(args, overrides):
+  """`load_trained`, for the commands that decode translations."""
+  model = load_trained(args, overrides)
+  if not model.task.translates:
+    raise ValueError(f'`jaxformer {args.command}` needs a translation run; '
+                     f'{args.workdir} trained task={model.task.name!r} (use '
+                     '`jaxformer predict` or `jaxformer generate`).')
+  return model
+
+
 def cmd_translate(args, overrides) -> int:
   from jaxformer import evaluate
-  model = load_trained(args, overrides)
+  model = load_translator(args, overrides)
   config = model.config
   stream = input_lines(args)
   beam = config.decode.beam_size if args.beam is None else args.beam
@@ -178,7 +188,7 @@ def cmd_generate(args, overrides) -> int:
 def cmd_evaluate(args, overrides) -> int:
   from jaxformer import evaluate
   from jaxformer import trained
-  model = load_trained(args, overrides)
+  model = load_translator(args, overrides)
   scores, hypotheses = evaluate.decode_split(
       model.params, model.model_config, model.config, model.source_tok,
       model.target_tok, args.split, trained.local_mesh(),
@@ -209,7 +219,7 @@ def cmd_attention(args, overrides) -> int:
   import numpy as np
   from jaxformer import decode, evaluate, plots
   from jaxformer.data.tokenizer import EOS_ID
-  model = load_trained(args, overrides)
+  model = load_translator(args, overrides)
   config, model_config = model.config, model.model_config
   source_tok, target_tok = model.source_tok, model.target_tok
   rows, _ = evaluate.encode_sources(source_tok, [args.src],

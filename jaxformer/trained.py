@@ -77,7 +77,8 @@ def _trained(params, extra: dict, step: int | None) -> Trained:
                  get_task(config.task))
 
 
-def _extra_params(extra: dict):
+def _abstract_params_of(extra: dict):
+  """The abstract parameters of the run whose saved `extra` this is."""
   return abstract_params(ml_collections.ConfigDict(extra['config']),
                          local_mesh())
 
@@ -93,7 +94,7 @@ def load(directory: str, step: int | None = None) -> Trained:
     if step is not None:
       raise ValueError(f'{directory} is an export with one set of '
                        'parameters (no steps); leave out --checkpoint.')
-    extra, params = checkpoint_lib.restore_export(directory, _extra_params)
+    extra, params = checkpoint_lib.restore_export(directory, _abstract_params_of)
     steps = extra.get('steps') or [None]
     return _trained(params, extra, steps[-1])
   if not paths.is_dir(paths.join(directory, 'checkpoints')):
@@ -113,7 +114,7 @@ def load(directory: str, step: int | None = None) -> Trained:
   for candidate in candidates:
     try:
       extra = reader.restore_extra(candidate)
-      params = reader.restore_params(candidate, _extra_params(extra))
+      params = reader.restore_params(candidate, _abstract_params_of(extra))
       model = _trained(params, extra, candidate)
     except Exception as e:  # A damaged step: try the previous one.
       errors.append(f'step {candidate}: {type(e).__name__}: {e}')
@@ -134,7 +135,7 @@ def export(workdir: str, out: str, step: int | None = None) -> int:
   reader = checkpoint_lib.Checkpointer.reader(workdir)
   step = checkpoint_lib.step_to_export(reader, step)
   extra = checkpoint_lib.read_step(reader, step, reader.restore_extra)
-  target = _extra_params(extra)
+  target = _abstract_params_of(extra)
   params = checkpoint_lib.read_step(
       reader, step, lambda s: reader.restore_params(s, target))
   checkpoint_lib.export_params(out, params, dict(
@@ -149,7 +150,7 @@ def average(workdir: str, last: int, out: str) -> list[int]:
   reader = checkpoint_lib.Checkpointer.reader(workdir)
   steps = checkpoint_lib.steps_to_average(reader, last)
   extra = checkpoint_lib.read_step(reader, steps[-1], reader.restore_extra)
-  mean = checkpoint_lib.mean_params(reader, steps, _extra_params(extra))
+  mean = checkpoint_lib.mean_params(reader, steps, _abstract_params_of(extra))
   checkpoint_lib.export_params(out, mean, dict(
       extra, steps=steps, source=reader.directory))
   return steps

@@ -81,7 +81,7 @@ def test_commands_on_a_trained_model_take_overrides_that_keep_the_model(
   assert cli.main(command + ['--config.model.d_model=8']) == 1
   assert 'keeps the settings it was trained with' in capfd.readouterr().err
   assert cli.main(command + ['--config.decode.beam_sise=2']) == 1
-  assert "Did you mean ['beam_size']" in capfd.readouterr().err
+  assert "Did you mean ['beam_size'" in capfd.readouterr().err
   assert cli.main(['curves', '--workdir', workdir, '--out', 'x.png',
                    '--config.decode.beam_size=2']) == 2
 
