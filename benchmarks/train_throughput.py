@@ -127,7 +127,7 @@ def main():
 
   step_time = float(np.median(times))
   tokens = rows * (source_length + target_length)
-  flops = training_flops_per_step(model_config, 'translation', rows,
+  flops = training_flops_per_step(model_config, get_task('translation'), rows,
                                   source_length, target_length)
   device = jax.devices()[0]
   peak = peak_matmul_flops(jnp.dtype(args.dtype),

@@ -31,13 +31,12 @@ import ml_collections
 from jaxformer import evaluate
 from jaxformer import hlo
 from jaxformer import parallel
+from jaxformer import trained
 from jaxformer.data import tasks as data_tasks
 from jaxformer.model import config as model_config_lib
 from jaxformer.tasks import get_task
 from jaxformer.train import flops as flops_lib
 from jaxformer.train import schedule as schedules
-from jaxformer.train.loop import example_batch
-from jaxformer.train.state import state_shardings
 from jaxformer.train.step import compile_eval_step, compile_train_step
 
 # Another process holding libtpu (a training run on this TPU VM, a second
@@ -160,24 +159,13 @@ class Program:
 
 def batch_struct(config: ml_collections.ConfigDict, rows: int, source: int,
                  target: int, mesh) -> dict[str, jax.ShapeDtypeStruct]:
-  """A global batch of `config.task` split over the batch axes: 'inputs'
-  [rows, source] and/or 'targets' [rows, target] int32 with their segment
-  ids and positions, 'labels' [rows] (classification), 'values' [rows,
-  regression_dim] (regression)."""
+  """A global batch of `config.task` (`Task.batch_shapes`: token arrays
+  [rows, source] and/or [rows, target], the labels or values) split over
+  the batch axes."""
   sharding = parallel.batch_sharding(mesh)
-
-  def array(shape, dtype=jnp.int32):
-    return jax.ShapeDtypeStruct(shape, dtype, sharding=sharding)
-  sides = {'translation': (('inputs', source), ('targets', target)),
-           'language_model': (('targets', target),)}.get(
-               config.task, (('inputs', source),))
-  batch = {prefix + suffix: array((rows, width)) for prefix, width in sides
-           for suffix in ('', '_segment_ids', '_positions')}
-  if config.task == 'classification':
-    batch['labels'] = array((rows,))
-  elif config.task == 'regression':
-    batch['values'] = array((rows, config.model.regression_dim), jnp.float32)
-  return batch
+  shapes = get_task(config.task).batch_shapes(config, rows, source, target)
+  return {key: jax.ShapeDtypeStruct(shape, dtype, sharding=sharding)
+          for key, (shape, dtype) in shapes.items()}
 
 
 def train_shapes(config: ml_collections.ConfigDict, row_shards: int,
@@ -195,12 +183,6 @@ def train_shapes(config: ml_collections.ConfigDict, row_shards: int,
                        f'config; its widths are {sorted(widths)}.')
     shapes = [shape for shape in shapes if max(shape[1:]) in buckets]
   return shapes
-
-
-def _shape_name(config, rows: int, source: int, target: int) -> str:
-  if config.task == 'translation':
-    return f'{rows}x({source}+{target})'
-  return f'{rows}x{target if config.task == "language_model" else source}'
 
 
 def _check_rows(what: str, rows: int, mesh, key: str):
@@ -224,9 +206,7 @@ def build_programs(config: ml_collections.ConfigDict, mesh, process_count: int,
   rules = parallel.axis_rules(config.mesh.axis_rules)
   schedule = schedules.make_schedule(train, model_config.d_model)
   tx = schedules.make_optimizer(train, schedule)
-  abstract, shardings = state_shardings(
-      task, task.model(model_config), tx, example_batch(config), mesh, rules,
-      train.prng_impl)
+  abstract, shardings = trained.train_state_layout(config, mesh, tx)
   state = jax.tree.map(
       lambda a, s: jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=s),
       abstract, shardings)
@@ -246,14 +226,14 @@ def build_programs(config: ml_collections.ConfigDict, mesh, process_count: int,
         schedule=schedule, label_smoothing=train.label_smoothing,
         grad_accum_steps=accum, prng_impl=train.prng_impl)
     for rows, source, target in train_shapes(config, parallel.row_shards(mesh), buckets):
-      name = _shape_name(config, rows, source, target)
+      name = task.shape_name(rows, source, target)
       _check_rows(f'train batch {name}', rows // accum, mesh,
                   'data.batch_size / data.tokens_per_batch')
       batch = batch_struct(config, rows, source, target, mesh)
       programs.append(Program(
           f'train {name}', 'train',
           lambda b=batch: under_mesh(step)(state, b),
-          flops_lib.training_flops_per_step(model_config, task.name, rows,
+          flops_lib.training_flops_per_step(model_config, task, rows,
                                             source, target)))
   data = config.data
   if 'eval' in kinds:
@@ -263,12 +243,12 @@ def build_programs(config: ml_collections.ConfigDict, mesh, process_count: int,
                          data.max_target_length, mesh)
     eval_step = lambda: compile_eval_step(  # noqa: E731
         mesh, shardings.params, task=task, model=task.model(model_config))
-    name = _shape_name(config, rows, data.max_source_length,
+    name = task.shape_name(rows, data.max_source_length,
                        data.max_target_length)
     programs.append(Program(
         f'eval {name}', 'eval',
         lambda: under_mesh(eval_step)(state.params, batch)))
-  if 'decode' in kinds and task.name == 'translation':
+  if 'decode' in kinds and task.translates:
     programs.append(_decode_program(config, model_config, mesh, state.params,
                                     under_mesh))
   return programs

@@ -9,7 +9,8 @@ complete, so a half-written step is never taken for a good one.
 
 An export (`export_params`, `jaxformer export` / `jaxformer average`) is a
 directory OUT/{params, extra}: parameters only, with the config and the
-tokenizers, which `load_export` (and `evaluate.load_trained`) read back.
+tokenizers, which `restore_export` reads back. What the arrays are (the
+model, its shapes and shardings) is the caller's: `trained.py`.
 """
 import base64
 import json
@@ -21,13 +22,11 @@ import time
 import jax
 import ml_collections
 import numpy as np
-import optax
 import orbax.checkpoint as ocp
 from etils import epath
 from jax.experimental import multihost_utils
 from orbax.checkpoint.checkpoint_managers import preservation_policy
 
-from jaxformer import parallel
 from jaxformer import paths
 
 # Keys that may change when a run resumes; everything else must match.
@@ -357,33 +356,6 @@ class Checkpointer:
     self.manager.close()
 
 
-def tokenizers_from_extra(extra: dict):
-  from jaxformer.data.tokenizer import Tokenizer
-  return [Tokenizer.from_serialized(base64.b64decode(t))
-          for t in extra['tokenizers']]
-
-
-def abstract_train_state(config: ml_collections.ConfigDict, mesh,
-                   tx: optax.GradientTransformation | None = None):
-  """ShapeDtypeStructs (with shardings on `mesh`) of the TrainState that
-  `config` trains; with the default `tx`, of its parameters only."""
-  from jaxformer.model import config as model_config_lib
-  from jaxformer.tasks import get_task
-  from jaxformer.train.loop import example_batch
-  from jaxformer.train.state import state_shardings
-  model_config = model_config_lib.from_config_dict(config.model)
-  task = get_task(config.task)
-  abstract, shardings = state_shardings(
-      task, task.model(model_config), tx or optax.identity(),
-      example_batch(config), mesh, parallel.axis_rules(config.mesh.axis_rules),
-      config.train.prng_impl)
-  return _with_shardings(abstract, shardings)
-
-
-def _local_mesh():
-  return parallel.make_mesh({'data': -1}, jax.local_devices())
-
-
 def _composite_checkpointer():
   return ocp.Checkpointer(ocp.CompositeCheckpointHandler())
 
@@ -415,13 +387,11 @@ def is_export(directory: str) -> bool:
           and not paths.is_dir(paths.join(directory, 'checkpoints')))
 
 
-def load_export(directory: str, step: int | None = None):
-  """(params, ModelConfig, config, source_tok, target_tok) of an export, on
-  this process's devices."""
-  from jaxformer.model import config as model_config_lib
-  if step is not None:
-    raise ValueError(f'{directory} is an export with one set of parameters '
-                     '(no steps); leave out --checkpoint.')
+def restore_export(directory: str, abstract_params=None):
+  """(extra, params) of the export in `directory`: its JSON item (format,
+  config, tokenizers, steps, source) and, given `abstract_params` (a
+  function of that extra returning ShapeDtypeStructs with shardings), the
+  parameters placed so; else params is None."""
   checkpointer = _composite_checkpointer()
   extra = checkpointer.restore(directory, args=ocp.args.Composite(
       extra=ocp.args.JsonRestore()))['extra']
@@ -429,13 +399,11 @@ def load_export(directory: str, step: int | None = None):
     raise CheckpointError(f'{directory} is not a jaxformer export (format '
                           f'{extra.get("format")!r}, expected '
                           f'{EXPORT_FORMAT!r}).')
-  config = ml_collections.ConfigDict(extra['config'])
-  target = abstract_train_state(config, _local_mesh()).params
+  if abstract_params is None:
+    return extra, None
   params = checkpointer.restore(directory, args=ocp.args.Composite(
-      params=ocp.args.StandardRestore(target)))['params']
-  tokenizers = tokenizers_from_extra(extra)
-  return (params, model_config_lib.from_config_dict(config.model), config,
-          tokenizers[0], tokenizers[-1])
+      params=ocp.args.StandardRestore(abstract_params(extra))))['params']
+  return extra, params
 
 
 def running_mean(mean, params, count: int):
@@ -449,38 +417,27 @@ def mean_params(reader: Checkpointer, steps: list[int], abstract_params):
   `Checkpointer.reader`), placed as `abstract_params` says."""
   mean = None
   for count, step in enumerate(steps, start=1):
-    params = _read_step(reader, step,
+    params = read_step(reader, step,
                         lambda s: reader.restore_params(s, abstract_params))
     mean = params if mean is None else running_mean(mean, params, count)
   return mean
 
 
-def average_checkpoints(workdir: str, last: int, out: str) -> list[int]:
-  """Exports the mean parameters of the newest `last` checkpoints of
-  `workdir` to `out` (as the paper averages the last 5 or 20); returns the
-  averaged steps."""
+def steps_to_average(reader: Checkpointer, last: int) -> list[int]:
+  """The newest `last` steps of `reader`; raises if it holds fewer."""
   if last < 1:
     raise ValueError(f'--last must be at least 1, got {last}.')
-  reader = Checkpointer.reader(workdir)
   steps = reader.all_steps()
   if len(steps) < last:
     raise CheckpointError(
         f'{reader.directory} holds {len(steps)} checkpoints {steps}, fewer '
         f'than --last={last}; lower --last, or train with a larger '
         'checkpoint.keep.')
-  steps = steps[-last:]
-  extra = _read_step(reader, steps[-1], reader.restore_extra)
-  target = abstract_train_state(ml_collections.ConfigDict(extra['config']),
-                          _local_mesh()).params
-  mean = mean_params(reader, steps, target)
-  export_params(out, mean, dict(extra, steps=steps,
-                                source=reader.directory))
-  return steps
+  return steps[-last:]
 
 
-def export_checkpoint(workdir: str, out: str, step: int | None = None) -> int:
-  """Exports the parameters of `step` (default: the latest) to `out`."""
-  reader = Checkpointer.reader(workdir)
+def step_to_export(reader: Checkpointer, step: int | None) -> int:
+  """`step` (default: the latest) if `reader` holds it; raises if not."""
   steps = reader.all_steps()
   if not steps:
     raise CheckpointError(f'{reader.directory} holds no checkpoint; train '
@@ -489,16 +446,10 @@ def export_checkpoint(workdir: str, out: str, step: int | None = None) -> int:
   if step not in steps:
     raise CheckpointError(f'No checkpoint of step {step} in '
                           f'{reader.directory}; there are {steps}.')
-  extra = _read_step(reader, step, reader.restore_extra)
-  target = abstract_train_state(ml_collections.ConfigDict(extra['config']),
-                          _local_mesh()).params
-  params = _read_step(reader, step, lambda s: reader.restore_params(s, target))
-  export_params(out, params, dict(extra, steps=[step],
-                                  source=reader.directory))
   return step
 
 
-def _read_step(reader: Checkpointer, step: int, read):
+def read_step(reader: Checkpointer, step: int, read):
   try:
     return read(step)
   except Exception as e:  # Orbax raises many types for damaged files.

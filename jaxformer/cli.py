@@ -51,7 +51,7 @@ def cmd_train(args, overrides) -> int:
     trainer.run(stop)
   if stop.signal_name:
     return 0
-  if trainer.finished and trainer.task.name == 'translation':
+  if trainer.finished and trainer.task.translates:
     report_translation(trainer)
   return 0
 
@@ -107,17 +107,50 @@ def add_input_args(p, what: str) -> None:
                  'undecodable bytes with U+FFFD')
 
 
+def load_trained(args, overrides):
+  """The trained model of --workdir (--checkpoint), its saved config with
+  `overrides` applied: keys that leave the model as trained (decode.*,
+  eval.*, the data files...), as a resumed run may change them."""
+  import dataclasses
+  from jaxformer import checkpoint as checkpoint_lib
+  from jaxformer import config as config_lib
+  from jaxformer import trained
+  model = trained.load(args.workdir, args.checkpoint)
+  if not overrides:
+    return model
+  config = config_lib.with_overrides(model.config, overrides)
+  changed = checkpoint_lib.incompatible_keys(model.config.to_dict(),
+                                             config.to_dict())
+  if changed:
+    raise config_lib.ConfigError(
+        f'--config.{changed[0]}: a trained model keeps the settings it was '
+        'trained with; only train.*, eval.*, decode.*, checkpoint.* and the '
+        'data files may change.')
+  return dataclasses.replace(model, config=config)
+
+
+def load_translator(args, overrides):
+  """`load_trained`, for the commands that decode translations."""
+  model = load_trained(args, overrides)
+  if not model.task.translates:
+    raise ValueError(f'`jaxformer {args.command}` needs a translation run; '
+                     f'{args.workdir} trained task={model.task.name!r} (use '
+                     '`jaxformer predict` or `jaxformer generate`).')
+  return model
+
+
 def cmd_translate(args, overrides) -> int:
   from jaxformer import evaluate
-  params, model_config, config, source_tok, target_tok = (
-      evaluate.load_trained(args.workdir, args.checkpoint))
+  model = load_translator(args, overrides)
+  config = model.config
   stream = input_lines(args)
   beam = config.decode.beam_size if args.beam is None else args.beam
   alpha = config.decode.alpha if args.alpha is None else args.alpha
   extra = (config.decode.max_extra_len if args.max_extra_len is None
            else args.max_extra_len)
   for line in evaluate.translate(
-      params, model_config, source_tok, target_tok, stream, beam_size=beam,
+      model.params, model.model_config, model.source_tok, model.target_tok,
+      stream, beam_size=beam,
       alpha=alpha, max_extra_len=extra, batch_size=args.batch_size,
       max_source_length=config.data.max_source_length,
       on_too_long=args.on_too_long,
@@ -128,13 +161,12 @@ def cmd_translate(args, overrides) -> int:
 
 def cmd_predict(args, overrides) -> int:
   """Classification: one label per stdin line; regression: its value(s)."""
-  from jaxformer import evaluate
   from jaxformer import predict
-  params, model_config, config, source_tok, _ = evaluate.load_trained(
-      args.workdir, args.checkpoint)
+  model = load_trained(args, overrides)
   lines = list(input_lines(args))
   for start in range(0, len(lines), args.batch_size):
-    for output in predict.predict(params, model_config, config, source_tok,
+    for output in predict.predict(model.params, model.model_config,
+                                  model.config, model.source_tok,
                                   lines[start:start + args.batch_size]):
       print(output if isinstance(output, str)
             else ' '.join(f'{value:.6g}' for value in output), flush=True)
@@ -142,12 +174,11 @@ def cmd_predict(args, overrides) -> int:
 
 
 def cmd_generate(args, overrides) -> int:
-  from jaxformer import evaluate
   from jaxformer import predict
-  params, model_config, config, _, target_tok = evaluate.load_trained(
-      args.workdir, args.checkpoint)
+  model = load_trained(args, overrides)
   for text in predict.generate(
-      params, model_config, config, target_tok, [args.prompt] * args.num,
+      model.params, model.model_config, model.config, model.target_tok,
+      [args.prompt] * args.num,
       seed=args.seed, max_len=args.max_len, temperature=args.temperature,
       top_k=args.top_k, top_p=args.top_p):
     print(text, flush=True)
@@ -156,13 +187,11 @@ def cmd_generate(args, overrides) -> int:
 
 def cmd_evaluate(args, overrides) -> int:
   from jaxformer import evaluate
-  from jaxformer import parallel
-  import jax
-  params, model_config, config, source_tok, target_tok = (
-      evaluate.load_trained(args.workdir, args.checkpoint))
-  mesh = parallel.make_mesh({'data': -1}, jax.local_devices())
+  from jaxformer import trained
+  model = load_translator(args, overrides)
   scores, hypotheses = evaluate.decode_split(
-      params, model_config, config, source_tok, target_tok, args.split, mesh,
+      model.params, model.model_config, model.config, model.source_tok,
+      model.target_tok, args.split, trained.local_mesh(),
       beam_size=args.beam, alpha=args.alpha)
   path = paths.join(args.workdir, f'{args.split}_hypotheses.txt')
   paths.write_text(path, '\n'.join(hypotheses) + '\n')
@@ -171,17 +200,16 @@ def cmd_evaluate(args, overrides) -> int:
 
 
 def cmd_average(args, overrides) -> int:
-  from jaxformer import checkpoint as checkpoint_lib
-  steps = checkpoint_lib.average_checkpoints(args.workdir, args.last, args.out)
+  from jaxformer import trained
+  steps = trained.average(args.workdir, args.last, args.out)
   print(f'Wrote the mean parameters of steps {steps} to {args.out}; use it '
         f'like a workdir: jaxformer translate --workdir {args.out}')
   return 0
 
 
 def cmd_export(args, overrides) -> int:
-  from jaxformer import checkpoint as checkpoint_lib
-  step = checkpoint_lib.export_checkpoint(args.workdir, args.out,
-                                          args.checkpoint)
+  from jaxformer import trained
+  step = trained.export(args.workdir, args.out, args.checkpoint)
   print(f'Wrote the parameters of step {step} to {args.out}; use it like a '
         f'workdir: jaxformer translate --workdir {args.out}')
   return 0
@@ -190,12 +218,14 @@ def cmd_export(args, overrides) -> int:
 def cmd_attention(args, overrides) -> int:
   import numpy as np
   from jaxformer import decode, evaluate, plots
-  params, model_config, config, source_tok, target_tok = (
-      evaluate.load_trained(args.workdir, args.checkpoint))
+  from jaxformer.data.tokenizer import EOS_ID
+  model = load_translator(args, overrides)
+  config, model_config = model.config, model.model_config
+  source_tok, target_tok = model.source_tok, model.target_tok
   rows, _ = evaluate.encode_sources(source_tok, [args.src],
                                     config.data.max_source_length)
   tokens, weights = decode.greedy_decode(
-      params, model_config, rows, return_attention=True,
+      model.params, model_config, rows, return_attention=True,
       max_decode_len=min(model_config.max_len,
                          rows.shape[1] + config.decode.max_extra_len))
   tokens, weights = np.asarray(tokens[0]), np.asarray(weights[0])
@@ -204,7 +234,7 @@ def cmd_attention(args, overrides) -> int:
   if args.head is not None and not 0 <= args.head < weights.shape[1]:
     raise ValueError(f'--head must be in [0, {weights.shape[1]}).')
   source_length = int((rows[0] != 0).sum())
-  target_length = int(np.argmax(tokens == 1)) + 1 if 1 in tokens else int(
+  target_length = int(np.argmax(tokens == EOS_ID)) + 1 if EOS_ID in tokens else int(
       (tokens != 0).sum())
   layer = weights[args.layer]
   grid = layer.mean(0) if args.head is None else layer[args.head]
@@ -271,7 +301,10 @@ def build_parser() -> argparse.ArgumentParser:
                      help='where checkpoints, metrics and the tokenizer go')
   train.set_defaults(run=cmd_train)
 
-  def add_model_args(p):
+  def add_model_args(p, overrides=True):
+    if overrides:
+      p.epilog = ('Config overrides of the saved config (decode.*, eval.*, '
+                  'the data files): --config.KEY=VALUE.')
     p.add_argument('--workdir', required=True, help='a training workdir')
     p.add_argument('--checkpoint', type=NON_NEGATIVE_INT, default=None,
                    help='step to use (default: the latest)')
@@ -352,7 +385,7 @@ def build_parser() -> argparse.ArgumentParser:
   export = commands.add_parser(
       'export', help='write the parameters of one checkpoint (no optimizer '
       'state) with the config and tokenizers')
-  add_model_args(export)
+  add_model_args(export, overrides=False)
   export.add_argument('--out', required=True,
                       help='directory to create for the export')
   export.set_defaults(run=cmd_export)
@@ -378,10 +411,9 @@ def main(argv=None) -> int:
   argv = sys.argv[1:] if argv is None else list(argv)
   rest, overrides = _split_overrides(argv)
   args = build_parser().parse_args(rest)
-  if overrides and args.command not in ('train', 'compile'):
-    print('--config.* overrides apply to `jaxformer train` and `compile` '
-          'only.',
-          file=sys.stderr)
+  if overrides and args.command in ('curves', 'average', 'export'):
+    print(f'--config.* overrides apply to the commands that read a config, '
+          f'not to `jaxformer {args.command}`.', file=sys.stderr)
     return 2
   try:
     return args.run(args, overrides)

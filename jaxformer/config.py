@@ -13,11 +13,14 @@ import traceback
 from collections.abc import Sequence
 
 import ml_collections
+from absl import flags
+from ml_collections import config_flags
 
 from jaxformer import config_ranges
 from jaxformer import parallel
 from jaxformer.data.config import default_data_config
 from jaxformer.model import config as model_config
+from jaxformer.tasks import TASKS
 
 
 class ConfigError(ValueError):
@@ -123,8 +126,7 @@ def load_config(path_and_arg: str,
     config = module.get_config(arg) if arg else module.get_config()
   except Exception as e:
     raise _error_in_file(path, e) from None
-  for override in overrides:
-    apply_override(config, override)
+  config = with_overrides(config, overrides)
   validate(config)
   return config
 
@@ -155,53 +157,94 @@ def _error_in_file(path: str, error: Exception) -> ConfigError:
                      f'{type(error).__name__}: {error}')
 
 
-def _parse_value(text: str, current):
-  if isinstance(current, bool):
-    if text.lower() in ('true', '1', 'yes'):
-      return True
-    if text.lower() in ('false', '0', 'no'):
-      return False
-    raise ConfigError(f'Expected true/false, got {text!r}.')
-  if isinstance(current, str):
-    return text
+def _literal(text: str):
+  """A Python literal, or else the text itself."""
   try:
-    value = ast.literal_eval(text)
+    return ast.literal_eval(text)
   except (ValueError, SyntaxError):
-    if current is None:
-      return text
-    raise ConfigError(f'Cannot parse {text!r} as {type(current).__name__}.')
-  if isinstance(current, float) and isinstance(value, int):
-    value = float(value)
-  if current is not None and not isinstance(value, type(current)) and not (
-      isinstance(current, (list, tuple)) and isinstance(value, (list, tuple))):
-    raise ConfigError(f'Expected {type(current).__name__}, got {text!r}.')
-  return value
+    return text
 
 
-def apply_override(config: ml_collections.ConfigDict, override: str) -> None:
-  """Sets `a.b.c=value` (the leading `--config.` is optional). An unknown
-  key is an error that names the closest known keys."""
-  override = override.removeprefix('--').removeprefix('config.')
-  if '=' not in override:
-    raise ConfigError(f'Override {override!r} is not of the form key=value.')
-  dotted, text = override.split('=', 1)
+class _ListParser(flags.ArgumentParser):
+  """Lists (`mesh.axis_rules`, `data.labels`) given as Python literals."""
+
+  def parse(self, argument):
+    value = _literal(argument) if isinstance(argument, str) else argument
+    if not isinstance(value, (list, tuple)):
+      raise ValueError(f'expected a list such as [1, 2], got {argument!r}')
+    return list(value)
+
+
+class _UnsetParser(flags.ArgumentParser):
+  """Keys whose default is None (`data.tfds.data_dir`): a literal or text."""
+
+  def parse(self, argument):
+    return _literal(argument) if isinstance(argument, str) else argument
+
+
+# ml_collections parses scalars and tuples by the default's type; these two
+# kinds of default it does not know.
+config_flags.register_flag_parser_for_type(list, _ListParser())
+config_flags.register_flag_parser_for_type(type(None), _UnsetParser())
+
+
+def _check_key(config: ml_collections.ConfigDict, dotted: str) -> None:
+  """Raises for a key `config` does not have, naming the closest known."""
   *parents, leaf = dotted.split('.')
   node = config
   for depth, name in enumerate(parents + [leaf]):
-    if name not in node:
+    if not isinstance(node, ml_collections.ConfigDict) or name not in node:
       prefix = '.'.join(parents[:depth])
-      known = sorted(node.keys())
+      known = sorted(node.keys()) if hasattr(node, 'keys') else []
       close = difflib.get_close_matches(name, known, n=3)
       hint = f' Did you mean {close}?' if close else f' Known keys: {known}.'
       raise ConfigError(
           f'Unknown config key {dotted!r}: {prefix or "config"} has no '
           f'{name!r}.{hint}')
-    if depth < len(parents):
-      node = node[name]
+    node = node[name]
+
+
+def _as_flag(override: str) -> str:
+  """`--config.a.b=v`, from that or `config.a.b=v` or `a.b=v`."""
+  override = override.removeprefix('--').removeprefix('config.')
+  if '=' not in override:
+    raise ConfigError(f'Override {override!r} is not of the form key=value.')
+  return f'--config.{override}'
+
+
+def with_overrides(config: ml_collections.ConfigDict,
+                   overrides: Sequence[str]) -> ml_collections.ConfigDict:
+  """A copy of `config` with `--config.a.b=value` overrides applied (the
+  `--config.` is optional), each parsed by the type of its current value.
+
+  The parsing is ml_collections' `config_flags` (Flax's and big_vision's
+  convention), on flag values of our own: `DEFINE_config_dict` rather
+  than `DEFINE_config_file`, because the file is loaded here (so that an
+  error in it names its file and line) and absl must not parse the whole
+  command line (argparse serves the subcommands). An unknown key is an
+  error that names the closest known keys."""
+  flags_argv = [_as_flag(o) for o in overrides]
+  for flag in flags_argv:
+    _check_key(config, flag[len('--config.'):].split('=', 1)[0])
+  values = flags.FlagValues()
+  argv = ['jaxformer'] + flags_argv
   try:
-    node[leaf] = _parse_value(text, node[leaf])
-  except ConfigError as e:
-    raise ConfigError(f'--config.{dotted}: {e}') from None
+    config_flags.DEFINE_config_dict(
+        'config', ml_collections.ConfigDict(config.to_dict()),
+        flag_values=values, lock_config=False, sys_argv=argv)
+    values(argv)
+  except (flags.Error, TypeError, ValueError) as e:
+    raise ConfigError(_flag_error(e)) from None
+  return values['config'].value
+
+
+def _flag_error(error: Exception) -> str:
+  """absl's 'flag --config.a.b=v: reason' as '--config.a.b: reason'."""
+  text = str(error).splitlines()[0]
+  if text.startswith('flag --config.') and ': ' in text:
+    flag, reason = text.removeprefix('flag ').split(': ', 1)
+    return f'{flag.split("=", 1)[0]}: {reason}'
+  return text
 
 
 def validate(config: ml_collections.ConfigDict) -> None:
@@ -213,8 +256,7 @@ def validate(config: ml_collections.ConfigDict) -> None:
   choices = {'train.schedule': ('rsqrt', 'warmup_rsqrt', 'warmup_cosine'),
              'train.nan_policy': ('stop', 'skip'),
              'train.prng_impl': ('threefry2x32', 'rbg', 'unsafe_rbg'),
-             'task': ('translation', 'classification', 'regression',
-                      'language_model'),
+             'task': tuple(TASKS),
              'checkpoint.best_mode': ('min', 'max'),
              'eval.split': ('train', 'dev', 'test'),
              'eval.final_split': ('', 'train', 'dev', 'test'),
@@ -235,15 +277,11 @@ def validate(config: ml_collections.ConfigDict) -> None:
   _validate_budget_and_average(config)
 
 
-_LENGTH_KEYS = {'translation': ('max_source_length', 'max_target_length'),
-                'language_model': ('max_target_length',),
-                'classification': ('max_source_length',),
-                'regression': ('max_source_length',)}
-
-
 def _check_lengths_fit_model(config: ml_collections.ConfigDict) -> None:
   """The task's data lengths must fit the model's position table."""
-  for key in _LENGTH_KEYS.get(config.task, ()):
+  if config.task not in TASKS:
+    return  # Reported by `validate`'s choices.
+  for key in TASKS[config.task].length_keys():
     if config.data[key] > config.model.max_len:
       raise ConfigError(
           f'data.{key}={config.data[key]} is above model.max_len='

@@ -1,7 +1,6 @@
 """Using a trained translator: batched decoding of sentences, BLEU and chrF
 (sacrebleu's standard settings, on detokenised text) and exact match."""
 import math
-import sys
 from collections.abc import Iterable, Iterator, Sequence
 
 import jax
@@ -12,7 +11,6 @@ from jax.experimental import multihost_utils
 
 from jaxformer import decode
 from jaxformer import parallel
-from jaxformer import paths
 from jaxformer.data import pipeline
 from jaxformer.data import sources
 from jaxformer.data.tokenizer import EOS_ID, Tokenizer
@@ -173,61 +171,3 @@ def decode_split(params, model_config: ModelConfig,
       break
   ordered = [hypotheses[i] for i in range(len(references))]
   return corpus_scores(ordered, references), ordered
-
-
-def load_trained(workdir: str, step: int | None = None):
-  """(params, ModelConfig, config, source_tok, target_tok) of the latest (or
-  the given) checkpoint in `workdir`, or of the export (`jaxformer export`
-  or `average`) in that directory, on this process's devices."""
-  from jaxformer import checkpoint as checkpoint_lib
-  from jaxformer.model import config as model_config_lib
-  from jaxformer.tasks import get_task
-  from jaxformer.train import schedule as schedules
-  from jaxformer.train.loop import example_batch
-  from jaxformer.train.state import state_shardings
-
-  if checkpoint_lib.is_export(workdir):
-    return checkpoint_lib.load_export(workdir, step)
-  if not paths.is_dir(paths.join(workdir, 'checkpoints')):
-    raise FileNotFoundError(
-        f'No checkpoints in {workdir}: train first with `jaxformer train '
-        f'--config ... --workdir {workdir}`, or pass the --workdir of a run.')
-  saved = ml_collections.ConfigDict(
-      {'checkpoint': {'every': 0, 'keep': 1, 'best_metric': '',
-                      'best_mode': 'max', 'async_save': False}})
-  checkpoints = checkpoint_lib.Checkpointer(workdir, saved.checkpoint,
-                                            read_only=True)
-  steps = checkpoints.manager.all_steps()
-  if not steps:
-    raise FileNotFoundError(f'{checkpoints.directory} holds no checkpoint; '
-                            'train first or check the --workdir.')
-  if step is not None and step not in steps:
-    raise FileNotFoundError(f'No checkpoint of step {step} in '
-                            f'{checkpoints.directory}; there are {sorted(steps)}.')
-  candidates = [step] if step is not None else sorted(steps, reverse=True)
-  errors = []
-  for candidate in candidates:
-    try:
-      extra = checkpoints.restore_extra(candidate)
-      config = ml_collections.ConfigDict(extra['config'])
-      model_config = model_config_lib.from_config_dict(config.model)
-      task = get_task(config.task)
-      tx = schedules.make_optimizer(config.train, schedules.make_schedule(
-          config.train, model_config.d_model))
-      mesh = parallel.make_mesh({'data': -1}, jax.local_devices())
-      abstract, shardings = state_shardings(
-          task, task.model(model_config), tx, example_batch(config), mesh,
-          parallel.axis_rules(config.mesh.axis_rules), config.train.prng_impl)
-      state = checkpoints.restore(candidate, abstract, shardings)
-      tokenizers = checkpoint_lib.tokenizers_from_extra(extra)
-    except Exception as e:  # A damaged step: try the previous one.
-      errors.append(f'step {candidate}: {type(e).__name__}: {e}')
-      continue
-    if errors:
-      print(f'WARNING: the latest checkpoint, step {candidates[0]}, cannot '
-            f'be restored ({errors[0]}); using step {candidate} instead. '
-            f'Pass --checkpoint {candidate} to choose it explicitly.',
-            file=sys.stderr, flush=True)
-    return state.params, model_config, config, tokenizers[0], tokenizers[-1]
-  raise RuntimeError(f'No checkpoint in {checkpoints.directory} could be '
-                     'restored: ' + '; '.join(errors))

@@ -19,17 +19,16 @@ def predict(params, model_config: ModelConfig, config: ml_collections.ConfigDict
             tokenizer: Tokenizer, texts: Sequence[str]) -> list:
   """Class names (classification) or [regression_dim] float lists
   (regression) of `texts`, cut to data.max_source_length tokens."""
-  if config.task not in ('classification', 'regression'):
+  task = get_task(config.task)
+  if task.prediction is None:
     raise ValueError(f'`predict` needs a classification or regression run; '
                      f'this workdir trained task={config.task!r} (use '
                      '`jaxformer generate` or `jaxformer translate`).')
   inputs = data_tasks.pad_token_rows(tokenizer.encode(list(texts)),
                                      config.data.max_source_length)
-  model = get_task(config.task).model(model_config)
-  outputs = np.asarray(jax.jit(model.apply)({'params': params}, **inputs))
-  if config.task == 'classification':
-    return [config.data.labels[i] for i in outputs.argmax(axis=-1)]
-  return outputs.tolist()
+  model = task.model(model_config)
+  return task.prediction(jax.jit(model.apply)({'params': params}, **inputs),
+                         config)
 
 
 def generate(params, model_config: ModelConfig, config: ml_collections.ConfigDict,
@@ -38,7 +37,7 @@ def generate(params, model_config: ModelConfig, config: ml_collections.ConfigDic
              top_p: float = 1.0) -> list[str]:
   """Texts continuing `prompts` (prompt included), sampled from a language
   model; max_len (tokens, 0: data.max_target_length) bounds each result."""
-  if config.task != 'language_model':
+  if not get_task(config.task).generates:
     raise ValueError(f'`generate` needs a language_model run; this workdir '
                      f'trained task={config.task!r} (use `jaxformer predict` '
                      'or `jaxformer translate`).')

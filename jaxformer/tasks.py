@@ -11,6 +11,7 @@ from typing import Callable
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 from flax import linen as nn
 
 from jaxformer.model import (DecoderLM, EncoderClassifier, EncoderDecoder,
@@ -65,16 +66,51 @@ def regression_sums(model, params, batch, rngs, label_smoothing):
                                    _example_weights(batch))
 
 
+def _class_names(outputs, config):
+  """[batch, num_classes] log-probabilities -> the class names."""
+  return [config.data.labels[i] for i in np.asarray(outputs).argmax(axis=-1)]
+
+
+def _values(outputs, config):
+  """[batch, regression_dim] predictions -> one list of floats each."""
+  del config
+  return np.asarray(outputs).tolist()
+
+
+# The config length of each token array a batch may hold.
+LENGTH_KEYS = {'inputs': 'max_source_length', 'targets': 'max_target_length'}
+
+
 @dataclasses.dataclass(frozen=True)
 class Task:
+  """A task and everything the commands do differently for it.
+
+  `batch_keys` are the token arrays [batch, length] the model reads
+  ('inputs': through an encoder; 'targets': through a causal decoder that
+  predicts them); `label` the per-example target array, if any, as
+  (key, dtype, config key of its trailing width or None)."""
   name: str
   model_class: type[nn.Module]
   batch_keys: tuple[str, ...]  # Arrays `model.init` is called with.
   loss_sums: Callable
+  label: tuple[str, type, str | None] | None = None
+  # The decoder writes text: evaluated by decoding (BLEU on a split).
+  translates: bool = False
+  # Continues prompts (`jaxformer generate`).
+  generates: bool = False
+  # Model outputs [batch, ...] -> what `jaxformer predict` prints per text.
+  prediction: Callable | None = None
+  # `data.labels` (and `model.num_classes`) come from the train split.
+  labels_from_data: bool = False
+
+  @property
+  def decodes(self) -> bool:
+    """Whether the model has a decoder (and so a decoding cache)."""
+    return 'targets' in self.batch_keys
 
   def model(self, config: ModelConfig, deterministic: bool = True,
             decode: bool = False) -> nn.Module:
-    if self.model_class in (EncoderDecoder, DecoderLM):
+    if self.decodes:
       return self.model_class(config, deterministic=deterministic,
                               decode=decode)
     return self.model_class(config, deterministic=deterministic)
@@ -82,16 +118,56 @@ class Task:
   def init_variables(self, model: nn.Module, rng: jax.Array, batch):
     return model.init(rng, *(batch[key] for key in self.batch_keys))
 
+  def batch_shapes(self, config, rows: int, source: int, target: int
+                   ) -> dict[str, tuple[tuple[int, ...], type]]:
+    """(shape, dtype) of each array of a batch of `rows` rows: the token
+    arrays [rows, source or target] int32 with their segment ids and
+    positions, and the label array (labels [rows] int32, values [rows,
+    regression_dim] float32)."""
+    width = {'inputs': source, 'targets': target}
+    shapes = {key + suffix: ((rows, width[key]), np.int32)
+              for key in self.batch_keys
+              for suffix in ('', '_segment_ids', '_positions')}
+    if self.label:
+      key, dtype, dim_key = self.label
+      shapes[key] = ((rows,) + ((config.model[dim_key],) if dim_key else ()),
+                     dtype)
+    return shapes
+
+  def example_batch(self, config) -> dict[str, np.ndarray]:
+    """A one-row batch of the configured shapes, for shape inference:
+    token arrays of ones, the label array of zeros."""
+    shapes = self.batch_shapes(config, 1, config.data.max_source_length,
+                               config.data.max_target_length)
+    label_key = self.label[0] if self.label else None
+    return {key: (np.zeros if key == label_key else np.ones)(shape, dtype)
+            for key, (shape, dtype) in shapes.items()}
+
+  def length_keys(self) -> tuple[str, ...]:
+    """The `data.*` lengths of this task's token arrays."""
+    return tuple(LENGTH_KEYS[key] for key in self.batch_keys)
+
+  def shape_name(self, rows: int, source: int, target: int) -> str:
+    """A batch shape for people: 'rows x (source + target)' or 'rows x width'."""
+    widths = [{'inputs': source, 'targets': target}[k] for k in self.batch_keys]
+    if len(widths) == 2:
+      return f'{rows}x({widths[0]}+{widths[1]})'
+    return f'{rows}x{widths[0]}'
+
 
 TASKS = {
     'translation': Task('translation', EncoderDecoder, ('inputs', 'targets'),
-                        translation_sums),
+                        translation_sums, translates=True),
     'language_model': Task('language_model', DecoderLM, ('targets',),
-                           language_model_sums),
+                           language_model_sums, generates=True),
     'classification': Task('classification', EncoderClassifier, ('inputs',),
-                           classification_sums),
+                           classification_sums,
+                           label=('labels', np.int32, None),
+                           prediction=_class_names, labels_from_data=True),
     'regression': Task('regression', EncoderRegressor, ('inputs',),
-                       regression_sums),
+                       regression_sums,
+                       label=('values', np.float32, 'regression_dim'),
+                       prediction=_values),
 }
 
 

@@ -24,7 +24,8 @@ from jaxformer.data import tokenizer as tokenizer_lib
 from jaxformer.model import config as model_config_lib
 from jaxformer.tasks import get_task
 from jaxformer.train import schedule as schedules
-from jaxformer.train.loop import example_batch, with_vocabulary
+from jaxformer import trained
+from jaxformer.train.loop import with_vocabulary
 from jaxformer.train.state import create_train_state, state_shardings
 
 CONFIG = str(pathlib.Path(__file__).resolve().parents[1] / 'configs'
@@ -65,15 +66,16 @@ def model_and_task(config):
 def new_state(config, mesh):
   task, model = model_and_task(config)
   return create_train_state(task, model, optimizer(config),
-                            example_batch(config), mesh,
+                            task.example_batch(config), mesh,
                             config.mesh.axis_rules, seed=0)
 
 
 def layout(config, mesh):
   """(abstract state, shardings) of the train state on `mesh`."""
   task, model = model_and_task(config)
-  return state_shardings(task, model, optimizer(config), example_batch(config),
-                         mesh, config.mesh.axis_rules)
+  return state_shardings(task, model, optimizer(config),
+                         task.example_batch(config), mesh,
+                         config.mesh.axis_rules)
 
 
 def save(workdir, steps_and_states, config, tokenizer, **option_changes):
@@ -308,10 +310,9 @@ def three_steps(tmp_path_factory, config, tokenizer, state):
 
 def test_average_of_the_last_two_steps_is_their_mean(three_steps, tmp_path):
   workdir, params = three_steps
-  steps = checkpoint_lib.average_checkpoints(str(workdir), 2,
-                                             str(tmp_path / 'avg'))
+  steps = trained.average(str(workdir), 2, str(tmp_path / 'avg'))
   assert steps == [2, 3]
-  averaged, *_ = checkpoint_lib.load_export(str(tmp_path / 'avg'))
+  averaged = trained.load(str(tmp_path / 'avg')).params
   for got, want in zip(jax.tree.leaves(as_numpy(averaged)),
                        jax.tree.leaves(params)):
     np.testing.assert_allclose(got, want + 1.5, rtol=1e-6, atol=1e-6)
@@ -321,9 +322,9 @@ def test_average_of_identical_steps_is_that_step(tmp_path, config, tokenizer,
                                                  state):
   save(tmp_path / 'run', [(s, state) for s in (1, 2, 3)], config, tokenizer,
        keep=3).close()
-  checkpoint_lib.average_checkpoints(
+  trained.average(
       str(seen_by_a_new_process(tmp_path / 'run')), 3, str(tmp_path / 'avg'))
-  averaged, *_ = checkpoint_lib.load_export(str(tmp_path / 'avg'))
+  averaged = trained.load(str(tmp_path / 'avg')).params
   assert_trees_equal(averaged, state.params)
 
 
@@ -336,10 +337,12 @@ def test_exports_from_the_command_line_load_and_translate(
                    '--out', str(tmp_path / 'averaged')]) == 0
   assert 'mean parameters of steps [1, 2, 3]' in capsys.readouterr().out
 
-  latest, model_config, config, source_tok, target_tok = (
-      evaluate.load_trained(str(tmp_path / 'latest')))
-  assert_trees_equal(latest, jax.tree.map(lambda p: p + 2.0, params))
-  averaged, *_ = evaluate.load_trained(str(tmp_path / 'averaged'))
+  latest = trained.load(str(tmp_path / 'latest'))
+  assert latest.step == 3
+  assert_trees_equal(latest.params, jax.tree.map(lambda p: p + 2.0, params))
+  model = trained.load(str(tmp_path / 'averaged'))
+  assert model.step == 3 and model.task.name == 'translation'
+  averaged = model.params
   for got, want in zip(jax.tree.leaves(as_numpy(averaged)),
                        jax.tree.leaves(params)):
     np.testing.assert_allclose(got, want + 1.0, rtol=1e-6, atol=1e-6)
@@ -347,7 +350,7 @@ def test_exports_from_the_command_line_load_and_translate(
       str(tmp_path / 'averaged' / 'params')).item_metadata
   assert set(saved_items) == set(params)
   lines = list(evaluate.translate(
-      averaged, model_config, source_tok, target_tok,
+      averaged, model.model_config, model.source_tok, model.target_tok,
       ['she bought forty-two red apples .', ''], beam_size=1,
       max_extra_len=4, batch_size=2))
   assert len(lines) == 2 and lines[1] == ''
@@ -369,21 +372,21 @@ def test_averaging_more_steps_than_kept_says_which_exist(three_steps,
   workdir, _ = three_steps
   with pytest.raises(checkpoint_lib.CheckpointError,
                      match=r'3 checkpoints \[1, 2, 3\], fewer than --last=5'):
-    checkpoint_lib.average_checkpoints(str(workdir), 5, str(tmp_path / 'x'))
+    trained.average(str(workdir), 5, str(tmp_path / 'x'))
   assert not (tmp_path / 'x').exists()
 
 
 def test_loading_for_translate_or_evaluate_names_both_steps_of_a_fallback(
     tmp_path, config, tokenizer, state, capsys):
-  from jaxformer import evaluate
   save(tmp_path / 'run', [(1, state), (2, shifted(state, 1.0))], config,
        tokenizer).close()
   workdir = seen_by_a_new_process(tmp_path / 'run')
   delete_state(workdir / 'checkpoints' / '2')
 
-  params = evaluate.load_trained(str(workdir))[0]
+  model = trained.load(str(workdir))
 
   err = capsys.readouterr().err
   assert 'the latest checkpoint, step 2, cannot be restored' in err
   assert 'using step 1 instead' in err
-  assert_trees_equal(params, state.params)
+  assert model.step == 1
+  assert_trees_equal(model.params, state.params)

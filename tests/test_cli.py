@@ -67,6 +67,25 @@ def test_attention_and_curves_write_pictures(workdir, tmp_path):
   assert Image.open(curves).size[0] > 0
 
 
+def test_commands_on_a_trained_model_take_overrides_that_keep_the_model(
+    workdir, tmp_path, capfd):
+  import argparse
+  args = argparse.Namespace(workdir=workdir, checkpoint=None)
+  model = cli.load_trained(args, ['--config.decode.beam_size=3',
+                                  'decode.alpha=0.2'])
+  assert (model.config.decode.beam_size, model.config.decode.alpha) == (3, 0.2)
+  assert model.step == 10 and model.task.translates
+  source = tmp_path / 'one.txt'
+  source.write_text('he sold three old cups .\n')
+  command = ['translate', '--workdir', workdir, '--input', str(source)]
+  assert cli.main(command + ['--config.model.d_model=8']) == 1
+  assert 'keeps the settings it was trained with' in capfd.readouterr().err
+  assert cli.main(command + ['--config.decode.beam_sise=2']) == 1
+  assert "Did you mean ['beam_size'" in capfd.readouterr().err
+  assert cli.main(['curves', '--workdir', workdir, '--out', 'x.png',
+                   '--config.decode.beam_size=2']) == 2
+
+
 def test_a_workdir_without_checkpoints_is_a_clear_error(tmp_path, capfd):
   assert cli.main(['translate', '--workdir', str(tmp_path)]) == 1
   assert 'No checkpoints' in capfd.readouterr().err

@@ -15,7 +15,7 @@ import time
 
 import pytest
 
-from jaxformer import evaluate
+from jaxformer import trained
 from jaxformer.train.metrics import read_metrics
 from test_fault_tolerance import (  # noqa: F401 (environment: a fixture)
     Training, checkpoint_steps, environment, logged_steps, numbers)
@@ -129,7 +129,7 @@ def test_sigterm_during_an_asynchronous_save_commits_both_checkpoints(
   assert checkpoint_steps(workdir)[-1] == step
   assert not [p for p in checkpoints.iterdir() if not p.name.isdigit()]
   for saved in (2, step):
-    evaluate.load_trained(str(workdir), saved)  # Restores, or raises.
+    trained.load(str(workdir), saved)  # Restores, or raises.
 
 
 @pytest.mark.slow
@@ -160,7 +160,7 @@ def test_sigterm_during_the_first_compile_or_setup_exits_cleanly(
   step = stopped_at(run)
   assert step <= 2
   assert checkpoint_steps(workdir) == [step]
-  evaluate.load_trained(str(workdir), step)
+  trained.load(str(workdir), step)
 
   workdir = tmp_path / 'setup'
   shutil.copytree(slow_reference[0] / 'tokenizer', workdir / 'tokenizer')

@@ -123,22 +123,37 @@ def pack_documents(token_lists: Sequence[Sequence[int]], width: int
           'targets_positions': lay_out(position)}
 
 
+def _document_rows(config, texts, labels, split, tokenizer) -> Batch:
+  del labels, split
+  return pack_documents(tokenizer.encode(texts), config.data.max_target_length)
+
+
+def _class_rows(config, texts, labels, split, tokenizer) -> Batch:
+  rows = pad_token_rows(tokenizer.encode(texts), config.data.max_source_length)
+  rows['labels'] = label_ids(labels, labels_of(config.data), split)
+  return rows
+
+
+def _value_rows(config, texts, labels, split, tokenizer) -> Batch:
+  rows = pad_token_rows(tokenizer.encode(texts), config.data.max_source_length)
+  rows['values'] = parse_values(labels, config.model.regression_dim, split)
+  return rows
+
+
+# How the split of each task batched from rows is laid out; the tasks not
+# named here (translation) are batched by `pipeline`.
+ROW_LAYOUTS = {'language_model': _document_rows,
+               'classification': _class_rows, 'regression': _value_rows}
+
+
 def task_rows(config: ml_collections.ConfigDict, split: str,
               source_tok: tokenizer_lib.Tokenizer) -> dict[str, np.ndarray]:
   """A whole split of `config.task` as rows: arrays [rows, ...]."""
-  data = config.data
-  texts, labels = zip(*sources.read_split(data, split))
-  if config.task == 'language_model':
-    return pack_documents(source_tok.encode(texts), data.max_target_length)
-  rows = pad_token_rows(source_tok.encode(texts), data.max_source_length)
-  if config.task == 'classification':
-    rows['labels'] = label_ids(labels, labels_of(data), split)
-  elif config.task == 'regression':
-    rows['values'] = parse_values(labels, config.model.regression_dim, split)
-  else:
-    raise ValueError(f'task={config.task!r} has no row batches; translation '
-                     'uses jaxformer.data.pipeline')
-  return rows
+  if config.task not in ROW_LAYOUTS:
+    raise ValueError(f'task={config.task!r} has no row batches; it is '
+                     'batched by jaxformer.data.pipeline')
+  texts, labels = zip(*sources.read_split(config.data, split))
+  return ROW_LAYOUTS[config.task](config, texts, labels, split, source_tok)
 
 
 def _take(rows: dict[str, np.ndarray], chosen: np.ndarray, count: int) -> Batch:
@@ -198,7 +213,7 @@ def train_batches(config: ml_collections.ConfigDict,
   """Training batches of `config.task`, from global batch `start_step` on;
   'bucket' batches have a multiple of `row_multiple` rows, one example
   each, and no '*_segment_ids' / '*_positions'."""
-  if config.task == 'translation':
+  if config.task not in ROW_LAYOUTS:
     batches = pipeline.train_batches(
         config.data, source_tok, target_tok, start_step=start_step,
         process_index=process_index, process_count=process_count,
@@ -231,7 +246,7 @@ def train_batch_shapes(config: ml_collections.ConfigDict, row_shards: int = 1
                        ) -> list[tuple[int, int, int]]:
   """Every global training batch shape of `config` on a mesh of `row_shards`
   row shards, as (rows, source width, target width)."""
-  if config.task == 'translation':
+  if config.task not in ROW_LAYOUTS:
     return pipeline.batch_shapes(config.data, row_multiple(config, row_shards))
   return [(int(config.data.batch_size), config.data.max_source_length,
            config.data.max_target_length)]
@@ -271,7 +286,7 @@ def eval_batches(config: ml_collections.ConfigDict,
                  process_index: int = 0, process_count: int = 1
                  ) -> Iterator[Batch]:
   """Evaluation batches of `config.task` over the whole `split`."""
-  if config.task == 'translation':
+  if config.task not in ROW_LAYOUTS:
     return pipeline.eval_batches(
         config.data, source_tok, target_tok, split,
         process_index=process_index, process_count=process_count)

@@ -13,8 +13,10 @@ import numpy as np
 from jax.experimental import multihost_utils
 
 from jaxformer import checkpoint as checkpoint_lib
+from jaxformer import evaluate as evaluate_lib
 from jaxformer import parallel
 from jaxformer import paths
+from jaxformer import trained as trained_lib
 from jaxformer.data import tasks as data_tasks
 from jaxformer.data import tokenizer as tokenizer_lib
 from jaxformer.model import config as model_config_lib
@@ -24,7 +26,7 @@ from jaxformer.train import flops as flops_lib
 from jaxformer.train import loss as losses
 from jaxformer.train import schedule as schedules
 from jaxformer.train.metrics import MetricsWriter, Progress
-from jaxformer.train.state import TrainState, create_train_state, state_shardings
+from jaxformer.train.state import TrainState, create_train_state
 from jaxformer.train.step import compile_eval_step, compile_train_step
 
 
@@ -99,25 +101,12 @@ def with_vocabulary(config: ml_collections.ConfigDict, source_tok,
 def with_labels(config: ml_collections.ConfigDict) -> ml_collections.ConfigDict:
   """Classification: `data.labels` (the train split's sorted labels unless
   given) and `model.num_classes` to match; other tasks are unchanged."""
-  if config.task != 'classification':
+  if not get_task(config.task).labels_from_data:
     return config
   config = ml_collections.ConfigDict(config.to_dict())
   config.data.labels = data_tasks.labels_of(config.data)
   config.model.num_classes = len(config.data.labels)
   return config
-
-
-def example_batch(config: ml_collections.ConfigDict) -> dict[str, np.ndarray]:
-  """A one-row batch of the configured shapes, for shape inference."""
-  shape = {'inputs': config.data.max_source_length,
-           'targets': config.data.max_target_length}
-  batch = {}
-  for prefix, length in shape.items():
-    for suffix in ('', '_segment_ids', '_positions'):
-      batch[prefix + suffix] = np.ones((1, length), np.int32)
-  batch['labels'] = np.zeros((1,), np.int32)
-  batch['values'] = np.zeros((1, config.model.regression_dim), np.float32)
-  return batch
 
 
 def measure_peak_flops(seconds: float = 0.5) -> float:
@@ -174,14 +163,14 @@ class Trainer:
     data_tasks.check_batch_shapes(self.config, parallel.row_shards(self.mesh),
                                   jax.process_count())
     self._set_num_steps(self.config.train.num_steps)
-    self.example_batch = example_batch(self.config)
+    self.example_batch = self.task.example_batch(self.config)
     self._check_splits()
 
   def _check_splits(self) -> None:
     """Reads the splits evaluated during and after training now, so that a
     missing or bad file is reported before any training time is spent."""
     splits = {self.config.eval.split}
-    if self.task.name == 'translation' and self.config.eval.final_split:
+    if self.task.translates and self.config.eval.final_split:
       splits.add(self.config.eval.final_split)
     for split in sorted(splits):
       next(iter(data_tasks.eval_batches(
@@ -249,9 +238,8 @@ class Trainer:
   def initial_state(self) -> TrainState:
     """The latest good checkpoint's state, or a fresh one."""
     model = self.task.model(self.model_config)
-    abstract, shardings = state_shardings(
-        self.task, model, self.tx, self.example_batch, self.mesh, self.rules,
-        self.config.train.prng_impl)
+    abstract, shardings = trained_lib.train_state_layout(
+        self.config, self.mesh, self.tx)
     restored = self.checkpoints.restore_latest(abstract, shardings)
     if restored is not None:
       self.log(f'Resuming from the checkpoint of step {int(restored.step)} '
@@ -428,7 +416,7 @@ class Trainer:
   def _flops(self, local) -> float:
     rows = next(iter(local.values())).shape[0] * jax.process_count()
     return flops_lib.training_flops_per_step(
-        self.model_config, self.task.name, rows,
+        self.model_config, self.task, rows,
         local['inputs'].shape[1] if 'inputs' in local else 0,
         local['targets'].shape[1] if 'targets' in local else 0)
 
@@ -458,7 +446,6 @@ class Trainer:
 
   def evaluate(self, state: TrainState) -> dict[str, float]:
     """Loss metrics on the eval split (and BLEU for translation)."""
-    from jaxformer import evaluate as evaluate_lib
     eval_config = self.config.eval
     if self._eval_fn is None:  # Compiled once per run, not once per eval.
       self._eval_fn = compile_eval_step(
@@ -478,7 +465,7 @@ class Trainer:
     metrics = {k: float(np.asarray(v))
                for k, v in jax.device_get(losses.summarise(totals)).items()
                if np.ndim(v) == 0 and k != 'weight'}
-    if self.task.name == 'translation' and eval_config.bleu_examples:
+    if self.task.translates and eval_config.bleu_examples:
       metrics.update(evaluate_lib.evaluate_translation(
           state.params, self.model_config, self.config, self.source_tok,
           self.target_tok, eval_config.split, self.mesh,

@@ -1,0 +1,156 @@
+"""A trained model: the one way from a training workdir (its latest or a
+given checkpoint) or an export (`jaxformer export` / `average`) to
+parameters with their configs, tokenizers and task; and the abstract train
+state that the trainer's resume and every command restore into.
+
+`checkpoint.py` reads and writes the arrays; what they are (the model of
+the saved config, its shapes and their shardings) is decided here.
+"""
+import base64
+import dataclasses
+import sys
+from typing import Any
+
+import jax
+import ml_collections
+import optax
+
+from jaxformer import checkpoint as checkpoint_lib
+from jaxformer import parallel
+from jaxformer import paths
+from jaxformer.data.tokenizer import Tokenizer
+from jaxformer.model import config as model_config_lib
+from jaxformer.tasks import Task, get_task
+from jaxformer.train.state import state_shardings
+
+
+@dataclasses.dataclass(frozen=True)
+class Trained:
+  """What a command needs of a trained model."""
+  params: Any  # On this process's devices.
+  model_config: model_config_lib.ModelConfig
+  config: ml_collections.ConfigDict  # The run's resolved config.
+  source_tok: Tokenizer
+  target_tok: Tokenizer
+  step: int | None  # The checkpoint's; an export's newest (averaged) step.
+  task: Task
+
+
+def train_state_layout(config: ml_collections.ConfigDict, mesh,
+                       tx: optax.GradientTransformation | None = None):
+  """(abstract TrainState, NamedSharding tree) of the run of `config` on
+  `mesh`, with optimizer `tx`; without one (optax.identity), the optimizer
+  state is empty: enough to restore the parameters alone."""
+  model_config = model_config_lib.from_config_dict(config.model)
+  task = get_task(config.task)
+  return state_shardings(
+      task, task.model(model_config), tx or optax.identity(),
+      task.example_batch(config), mesh,
+      parallel.axis_rules(config.mesh.axis_rules), config.train.prng_impl)
+
+
+def abstract_params(config: ml_collections.ConfigDict, mesh):
+  """The parameters of `config`'s model as ShapeDtypeStructs placed on
+  `mesh` (no optimizer is built)."""
+  abstract, shardings = train_state_layout(config, mesh)
+  return jax.tree.map(
+      lambda x, s: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=s),
+      abstract.params, shardings.params)
+
+
+def local_mesh():
+  """All of this process's devices on the data axis: how commands hold a
+  trained model."""
+  return parallel.make_mesh({'data': -1}, jax.local_devices())
+
+
+def tokenizers_from_extra(extra: dict) -> list[Tokenizer]:
+  return [Tokenizer.from_serialized(base64.b64decode(t))
+          for t in extra['tokenizers']]
+
+
+def _trained(params, extra: dict, step: int | None) -> Trained:
+  config = ml_collections.ConfigDict(extra['config'])
+  tokenizers = tokenizers_from_extra(extra)
+  return Trained(params, model_config_lib.from_config_dict(config.model),
+                 config, tokenizers[0], tokenizers[-1], step,
+                 get_task(config.task))
+
+
+def _abstract_params_of(extra: dict):
+  """The abstract parameters of the run whose saved `extra` this is."""
+  return abstract_params(ml_collections.ConfigDict(extra['config']),
+                         local_mesh())
+
+
+def load(directory: str, step: int | None = None) -> Trained:
+  """The model of the latest (or the given) checkpoint in the training
+  workdir `directory`, or of the export there, on this process's devices.
+  Only parameters are read: no optimizer is built or restored.
+
+  A latest step that cannot be restored is reported (on stderr, naming
+  both steps) and the one before used."""
+  if checkpoint_lib.is_export(directory):
+    if step is not None:
+      raise ValueError(f'{directory} is an export with one set of '
+                       'parameters (no steps); leave out --checkpoint.')
+    extra, params = checkpoint_lib.restore_export(directory, _abstract_params_of)
+    steps = extra.get('steps') or [None]
+    return _trained(params, extra, steps[-1])
+  if not paths.is_dir(paths.join(directory, 'checkpoints')):
+    raise FileNotFoundError(
+        f'No checkpoints in {directory}: train first with `jaxformer train '
+        f'--config ... --workdir {directory}`, or pass the --workdir of a run.')
+  reader = checkpoint_lib.Checkpointer.reader(directory)
+  steps = reader.all_steps()
+  if not steps:
+    raise FileNotFoundError(f'{reader.directory} holds no checkpoint; '
+                            'train first or check the --workdir.')
+  if step is not None and step not in steps:
+    raise FileNotFoundError(f'No checkpoint of step {step} in '
+                            f'{reader.directory}; there are {steps}.')
+  candidates = [step] if step is not None else steps[::-1]
+  errors = []
+  for candidate in candidates:
+    try:
+      extra = reader.restore_extra(candidate)
+      params = reader.restore_params(candidate, _abstract_params_of(extra))
+      model = _trained(params, extra, candidate)
+    except Exception as e:  # A damaged step: try the previous one.
+      errors.append(f'step {candidate}: {type(e).__name__}: {e}')
+      continue
+    if errors:
+      print(f'WARNING: the latest checkpoint, step {candidates[0]}, cannot '
+            f'be restored ({errors[0]}); using step {candidate} instead. '
+            f'Pass --checkpoint {candidate} to choose it explicitly.',
+            file=sys.stderr, flush=True)
+    return model
+  raise RuntimeError(f'No checkpoint in {reader.directory} could be '
+                     'restored: ' + '; '.join(errors))
+
+
+def export(workdir: str, out: str, step: int | None = None) -> int:
+  """Exports the parameters of `step` (default: the latest) of `workdir`
+  to `out`; returns the step."""
+  reader = checkpoint_lib.Checkpointer.reader(workdir)
+  step = checkpoint_lib.step_to_export(reader, step)
+  extra = checkpoint_lib.read_step(reader, step, reader.restore_extra)
+  target = _abstract_params_of(extra)
+  params = checkpoint_lib.read_step(
+      reader, step, lambda s: reader.restore_params(s, target))
+  checkpoint_lib.export_params(out, params, dict(
+      extra, steps=[step], source=reader.directory))
+  return step
+
+
+def average(workdir: str, last: int, out: str) -> list[int]:
+  """Exports the mean parameters of the newest `last` checkpoints of
+  `workdir` to `out` (as the paper averages the last 5 or 20); returns the
+  averaged steps."""
+  reader = checkpoint_lib.Checkpointer.reader(workdir)
+  steps = checkpoint_lib.steps_to_average(reader, last)
+  extra = checkpoint_lib.read_step(reader, steps[-1], reader.restore_extra)
+  mean = checkpoint_lib.mean_params(reader, steps, _abstract_params_of(extra))
+  checkpoint_lib.export_params(out, mean, dict(
+      extra, steps=steps, source=reader.directory))
+  return steps

@@ -1,0 +1,64 @@
+"""The layers of ARCHITECTURE.md: every import of a jaxformer module (those
+inside functions too) goes to its own layer or one below."""
+import ast
+import pathlib
+
+PACKAGE = pathlib.Path(__file__).resolve().parents[1] / 'jaxformer'
+
+# Module (or package prefix) -> layer, as in ARCHITECTURE.md.
+LAYERS = {
+    'paths': 0, 'parallel': 0, 'config_ranges': 0, 'hlo': 0,
+    'model': 1, 'data': 1,
+    'train': 2, 'tasks': 2, 'checkpoint': 2, 'decode': 2,
+    'trained': 3, 'evaluate': 3, 'predict': 3, 'plots': 3,
+    'train.loop': 4,
+    'config': 5, 'aot': 5, 'cli': 5,
+}
+
+
+def layer(module: str) -> int:
+  name = module.removeprefix('jaxformer.')
+  while name not in LAYERS:
+    name = name.rpartition('.')[0]
+  return LAYERS[name]
+
+
+def imports(path: pathlib.Path) -> set[str]:
+  """The jaxformer modules that the file at `path` imports."""
+  found = set()
+  for node in ast.walk(ast.parse(path.read_text())):
+    if isinstance(node, ast.Import):
+      found |= {a.name for a in node.names if a.name.startswith('jaxformer.')}
+    elif isinstance(node, ast.ImportFrom) and node.module and (
+        node.module == 'jaxformer' or node.module.startswith('jaxformer.')):
+      if node.module == 'jaxformer':
+        found |= {f'jaxformer.{a.name}' for a in node.names}
+      else:
+        found.add(node.module)
+  return found
+
+
+def modules() -> dict[str, pathlib.Path]:
+  return {'jaxformer.' + '.'.join(p.relative_to(PACKAGE).with_suffix('').parts
+                                  ).removesuffix('.__init__'): p
+          for p in PACKAGE.rglob('*.py') if p.name != '__init__.py'}
+
+
+def test_no_module_imports_a_higher_layer():
+  upward = [f'{name} (layer {layer(name)}) imports {target} (layer '
+            f'{layer(target)})'
+            for name, path in sorted(modules().items())
+            for target in sorted(imports(path)) if layer(target) > layer(name)]
+  assert not upward, upward
+
+
+def test_checkpoint_code_knows_only_orbax_and_paths():
+  assert imports(PACKAGE / 'checkpoint.py') == {'jaxformer.paths'}
+
+
+def test_the_data_layer_does_not_import_tasks_or_the_model():
+  for name, path in modules().items():
+    if name.startswith('jaxformer.data.'):
+      assert not {t for t in imports(path)
+                  if not t.startswith(('jaxformer.data', 'jaxformer.paths'))
+                  }, name
