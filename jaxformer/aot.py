@@ -28,6 +28,7 @@ import jax
 import jax.numpy as jnp
 import ml_collections
 
+from jaxformer import decode
 from jaxformer import evaluate
 from jaxformer import hlo
 from jaxformer import parallel
@@ -280,8 +281,9 @@ def _decode_program(config, model_config, mesh, params, under_mesh):
   data, settings = config.data, config.decode
   split = mesh.shape['data'] * mesh.shape['fsdp']
   rows = -(-settings.batch_size // split) * split
-  decode_len = min(model_config.max_len,
-                   data.max_target_length + settings.max_extra_len)
+  decode_len = decode.decode_length(data.max_target_length,
+                                    settings.max_extra_len,
+                                    model_config.max_len)
   inputs = jax.ShapeDtypeStruct((rows, data.max_source_length), jnp.int32,
                                 sharding=parallel.batch_sharding(mesh))
   beam = settings.beam_size
