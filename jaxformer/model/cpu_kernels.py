@@ -189,8 +189,8 @@ def blocked_top_k(values: jax.Array, k: int, block: int = TOP_K_BLOCK):
   _, best_blocks = jax.lax.top_k(blocks.max(axis=-1), k)
   # In index order, so that ties between candidates go to the lower index.
   best_blocks = jnp.sort(best_blocks, axis=-1)
-  candidates = jnp.take_along_axis(blocks, best_blocks[..., None], axis=1
-                                   ).reshape(rows, k * block)
+  candidates = jax.vmap(lambda v, i: v[i])(blocks, best_blocks).reshape(
+      rows, k * block)
   top, position = jax.lax.top_k(candidates, k)
   block_start = jnp.take_along_axis(best_blocks, position // block, -1) * block
   return top, block_start + position % block

@@ -177,13 +177,15 @@ def layer_norm(config: ModelConfig, name: str) -> nn.LayerNorm:
 
 
 def residual(x: jax.Array, sublayer: Callable[[jax.Array], jax.Array],
-             norm: nn.LayerNorm, dropout: nn.Dropout, norm_position: str,
+             name: str, dropout: nn.Dropout, config: ModelConfig,
              deterministic: bool) -> jax.Array:
-  """A sublayer with its residual connection and LayerNorm.
+  """A sublayer with its residual connection and the LayerNorm
+  `{name}_norm`, in `config.norm_position`:
 
   post-LN (the paper): LayerNorm(x + Dropout(sublayer(x)));
   pre-LN: x + Dropout(sublayer(LayerNorm(x))).
   """
-  if norm_position == 'pre':
+  norm = layer_norm(config, f'{name}_norm')
+  if config.norm_position == 'pre':
     return x + dropout(sublayer(norm(x)), deterministic=deterministic)
   return norm(x + dropout(sublayer(x), deterministic=deterministic))
