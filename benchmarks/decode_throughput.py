@@ -5,10 +5,10 @@ sentence, the best beam), with EOS disabled so that every step runs; compile
 time (first call minus a steady-state call) is reported separately. Random
 initial parameters: speed barely depends on their values (greedy search on
 CPU computes all the logits only at steps where its int8 screen leaves more
-than two candidates in some row, `decode.screened_argmax`: 1 step in 64 with
-these parameters). On a single CPU device a batch is decoded as one part per
-core, the parts side by side (`decode.default_batch_parts`; `--batch_parts 1`
-decodes it in one piece). The machine's load average is printed too: on a
+than two candidates in some row, `cpu_kernels.screened_argmax`: 1 step in 64
+with these parameters). On a single CPU device a batch is decoded as one
+part per core, the parts side by side (`cpu_kernels.default_batch_parts`;
+`--batch_parts 1` decodes it in one piece). The machine's load average is printed too: on a
 shared CPU, wall time depends on it, process CPU time (all threads) much less.
 
   python benchmarks/decode_throughput.py [--repeats 5] [--batch 8]
@@ -23,7 +23,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from jaxformer import decode
-from jaxformer.model import EncoderDecoder, ModelConfig
+from jaxformer.model import EncoderDecoder, ModelConfig, cpu_kernels
 
 SMALL = ModelConfig(vocab_size=8000, d_model=256, num_heads=4, d_ff=1024,
                     num_encoder_layers=3, num_decoder_layers=3, max_len=256)
@@ -58,7 +58,7 @@ def main():
   parser.add_argument('--output_len', type=int, default=64)
   parser.add_argument('--repeats', type=int, default=5)
   parser.add_argument('--batch_parts', type=int, default=None,
-                      help='default: decode.default_batch_parts')
+                      help='default: cpu_kernels.default_batch_parts')
   args = parser.parse_args()
 
   config = SMALL
@@ -68,7 +68,7 @@ def main():
   output_tokens = args.batch * args.output_len
   parts = args.batch_parts
   if parts is None:
-    parts = decode.default_batch_parts(inputs)
+    parts = cpu_kernels.default_batch_parts(inputs)
   print(f'{jax.devices()[0].platform}: batch {args.batch} in {parts} '
         f'part(s), source {args.source_len}, output {args.output_len} tokens, '
         f'model {config}')

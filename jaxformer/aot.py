@@ -6,10 +6,10 @@ all hosts included, on this machine (`jax.experimental.topologies`); the
 programs are lowered and compiled for them exactly as `jaxformer train`
 builds them (model, optimizer, mesh, axis rules, shardings), but nothing
 runs. Per program: per-device memory against the chip's HBM, the
-collectives in the compiled HLO and XLA's cost model. One difference from a
-TPU host: code that chooses a path by `jax.default_backend()` (the CPU-only
-decoding shortcuts of `decode.py` and `layers.matmuls_by_transposed`, for at
-most 64 rows) sees this machine's backend.
+collectives in the compiled HLO and XLA's cost model. Every choice of a code path by
+platform (`model/backend.py`: attention kernels, the CPU-only decoding
+kernels) sees the TPU devices the program is compiled for, not this
+machine's CPU.
 
 Collective counts are instructions in the compiled module: one in a loop
 body (`model.scan_layers`) counts once, although it runs once per layer.
@@ -28,6 +28,7 @@ import jax
 import jax.numpy as jnp
 import ml_collections
 
+from jaxformer import decode
 from jaxformer import evaluate
 from jaxformer import hlo
 from jaxformer import parallel
@@ -260,8 +261,9 @@ def _decode_program(config, model_config, mesh, params, under_mesh):
   data, settings = config.data, config.decode
   split = mesh.shape['data'] * mesh.shape['fsdp']
   rows = -(-settings.batch_size // split) * split
-  decode_len = min(model_config.max_len,
-                   data.max_target_length + settings.max_extra_len)
+  decode_len = decode.decode_length(data.max_target_length,
+                                    settings.max_extra_len,
+                                    model_config.max_len)
   inputs = jax.ShapeDtypeStruct((rows, data.max_source_length), jnp.int32,
                                 sharding=parallel.batch_sharding(mesh))
   beam = settings.beam_size

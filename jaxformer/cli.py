@@ -218,7 +218,6 @@ def cmd_export(args, overrides) -> int:
 def cmd_attention(args, overrides) -> int:
   import numpy as np
   from jaxformer import decode, evaluate, plots
-  from jaxformer.data.tokenizer import EOS_ID
   model = load_translator(args, overrides)
   config, model_config = model.config, model.model_config
   source_tok, target_tok = model.source_tok, model.target_tok
@@ -226,15 +225,16 @@ def cmd_attention(args, overrides) -> int:
                                     config.data.max_source_length)
   tokens, weights = decode.greedy_decode(
       model.params, model_config, rows, return_attention=True,
-      max_decode_len=min(model_config.max_len,
-                         rows.shape[1] + config.decode.max_extra_len))
+      max_decode_len=decode.decode_length(
+          rows.shape[1], config.decode.max_extra_len, model_config.max_len))
   tokens, weights = np.asarray(tokens[0]), np.asarray(weights[0])
   if not 0 <= args.layer < weights.shape[0]:
     raise ValueError(f'--layer must be in [0, {weights.shape[0]}).')
   if args.head is not None and not 0 <= args.head < weights.shape[1]:
     raise ValueError(f'--head must be in [0, {weights.shape[1]}).')
   source_length = int((rows[0] != 0).sum())
-  target_length = int(np.argmax(tokens == EOS_ID)) + 1 if EOS_ID in tokens else int(
+  eos = decode.EOS_ID
+  target_length = int(np.argmax(tokens == eos)) + 1 if eos in tokens else int(
       (tokens != 0).sum())
   layer = weights[args.layer]
   grid = layer.mean(0) if args.head is None else layer[args.head]

@@ -17,6 +17,7 @@ from absl import flags
 from ml_collections import config_flags
 
 from jaxformer import config_ranges
+from jaxformer import decode
 from jaxformer import parallel
 from jaxformer.data.config import default_data_config
 from jaxformer.model import config as model_config
@@ -67,7 +68,8 @@ def default_config() -> ml_collections.ConfigDict:
       average_last=0,
   ))
   c.decode = ml_collections.ConfigDict(dict(
-      beam_size=4, alpha=0.6, max_extra_len=50, batch_size=64))
+      beam_size=decode.BEAM_SIZE, alpha=decode.ALPHA,
+      max_extra_len=decode.MAX_EXTRA_LEN, batch_size=64))
   c.checkpoint = ml_collections.ConfigDict(dict(
       every=1000, keep=3, best_metric='bleu', best_mode='max',
       async_save=True))

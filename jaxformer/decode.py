@@ -9,49 +9,52 @@ Token 0 is padding and the decoder's start token; the end-of-sentence id is an
 argument (`eos_id`; -1 never ends a sentence, so every step runs). Shapes:
 `batch` b, `beam` k, decode length `length`, source length s, vocabulary v.
 
-On CPU a decoding step is bound by memory traffic, and the output layer is the
-largest matrix it reads: greedy search ranks the vocabulary with an int8 copy
-of it instead, and computes float32 logits only for the tokens that can win
-(`screened_argmax`). A step is also a chain of operations too small to keep
-every core busy: on a single CPU device a batch is decoded as one part per
-core, the parts' searches running side by side (`search_in_parts`).
+On CPU, where they were measured to pay, the argmax, the beams' top-k, the
+greedy output layer and the batch take the kernels of `model/cpu_kernels.py`
+(`backend.cpu_kernel_applies` says where); their results are the same.
 """
-import concurrent.futures
 import functools
-import os
-from typing import Any, Callable, NamedTuple
+from typing import Any, NamedTuple
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 from flax.core import meta
 
-from jaxformer.model.backend import cpu_decoding_tricks
+from jaxformer.model import backend, cpu_kernels
+from jaxformer.model.attention import (repeat_cache_for_beams,
+                                       select_beam_histories)
 from jaxformer.model.config import ModelConfig
-from jaxformer.model.layers import FEW_ROWS, matmuls_by_transposed
-from jaxformer.model.transformer import DecoderLM, EncoderDecoder
+from jaxformer.model.decoding import (StepFn, encoder_outputs, init_cache,
+                                      init_lm_cache, lm_step_fn,
+                                      translation_step_fn)
+from jaxformer.token_ids import EOS_ID, PAD_ID
 
-PAD_ID = 0  # Also the decoder's start token.
-EOS_ID = 1
 NEG_INF = -np.inf
-
-# step_fn(cache, previous_tokens [rows], step []) -> (logits [rows, v], cache,
-# record): one decoder position for every row; `record` is an optional per-step
-# array (or None) that the loop stores, e.g. attention weights.
-StepFn = Callable[[Any, jax.Array, jax.Array], tuple[jax.Array, Any, Any]]
-
+# Defaults of the `decode` config section and of the searches.
+BEAM_SIZE = 4
+ALPHA = 0.6
+MAX_EXTRA_LEN = 50  # Output tokens beyond the longest source.
 
 # ---------------------------------------------------------------- lengths ---
 
-def max_decode_length(inputs, extra: int = 50,
+def decode_length(length: int, extra: int = MAX_EXTRA_LEN,
+                  max_len: int | None = None, multiple: int = 1) -> int:
+  """How many tokens to decode for sources of up to `length` tokens:
+  length + extra, rounded up to a multiple of `multiple` (so that few
+  lengths compile), capped at `max_len` (the model's `max_len`, as positions
+  beyond it have no embedding); at least 1."""
+  length = -(-(length + extra) // multiple) * multiple
+  return max(1, length if max_len is None else min(length, max_len))
+
+
+def max_decode_length(inputs, extra: int = MAX_EXTRA_LEN,
                       max_len: int | None = None) -> int:
-  """Longest real (non-padding) source in the batch plus `extra`, capped at
-  `max_len` (the model's `max_len`, as positions beyond it have no
-  embedding). Host-side: `inputs` must be concrete. inputs: [batch, s] int."""
+  """`decode_length` of the longest real (non-padding) source in the batch.
+  Host-side: `inputs` must be concrete. inputs: [batch, s] int."""
   longest = int(np.max(np.sum(np.asarray(inputs) != PAD_ID, axis=-1),
                        initial=0))
-  length = longest + extra
-  return max(1, length if max_len is None else min(length, max_len))
+  return decode_length(longest, extra, max_len)
 
 
 def length_penalty(length, alpha: float):
@@ -65,140 +68,12 @@ def _check_decode_length(config: ModelConfig, max_decode_len: int):
                      f'[1, model max_len={config.max_len}].')
 
 
-# ------------------------------------------------------------------ cache ---
-
-def init_cache(model_config: ModelConfig, params, encoded: jax.Array,
-               inputs_segment_ids: jax.Array, max_decode_len: int):
-  """The decoding cache of an `EncoderDecoder` for one batch of sources.
-
-  Self-attention keys/values are zeros of length `max_decode_len` (index 0,
-  one beam); cross-attention keys/values are projected from `encoded` here,
-  once.
-
-  Args:
-    encoded: [batch, s, d_model] encoder output.
-    inputs_segment_ids: [batch, s] int.
-  """
-  batch = encoded.shape[0]
-  decoder_inputs = jnp.zeros((batch, max_decode_len), jnp.int32)
-  # Only shapes matter to the cache this call creates.
-  positions = jnp.zeros_like(decoder_inputs)
-  _, variables = EncoderDecoder(model_config, decode=True).apply(
-      {'params': params}, encoded, inputs_segment_ids, decoder_inputs,
-      jnp.ones_like(decoder_inputs), positions, method='decode_logits',
-      mutable=['cache'])
-  return variables['cache']
-
-
-def init_lm_cache(model_config: ModelConfig, params, batch_size: int,
-                  max_decode_len: int):
-  """The decoding cache of a `DecoderLM`: zero keys/values, index 0."""
-  decoder_inputs = jnp.zeros((batch_size, max_decode_len), jnp.int32)
-  positions = jnp.broadcast_to(jnp.arange(max_decode_len), decoder_inputs.shape)
-  _, variables = DecoderLM(model_config, decode=True).apply(
-      {'params': params}, decoder_inputs, jnp.ones_like(decoder_inputs),
-      positions, method='decode_logits', mutable=['cache'])
-  return variables['cache']
-
-
-def _leaf_name(path) -> str:
-  return str(getattr(path[-1], 'key', path[-1]))
-
-
-# The slot axis of each widened cache leaf (see MultiHeadAttention).
-_BEAM_SLOT_AXES = {'cached_key': -1, 'cached_value': -2, 'history': -2}
-
-
-def repeat_cache_for_beams(cache, beam_size: int):
-  """Widens a one-beam cache to `beam_size` hypotheses per sentence: cached
-  self-attention keys [..., batch, n, h, length] -> [..., batch, n, h,
-  length * beam], values [..., batch, n, length, h] -> [..., batch, n,
-  length * beam, h] and their history [..., batch, 1, length] -> [..., batch,
-  beam, length] (a leading layers axis with scanned layers). Source
-  keys/values stay one copy per sentence."""
-  def repeat(path, leaf):
-    axis = _BEAM_SLOT_AXES.get(_leaf_name(path))
-    return leaf if axis is None else jnp.repeat(leaf, beam_size, axis=axis)
-  return jax.tree_util.tree_map_with_path(repeat, cache)
-
-
-def select_beam_histories(cache, parents: jax.Array):
-  """Beam i of each sentence continues hypothesis parents[b, i]: it takes over
-  that hypothesis's history of cached positions. parents: [batch, beam]
-  int."""
-  def select(path, leaf):
-    if _leaf_name(path) != 'history':
-      return leaf
-    index = parents.reshape((1,) * (leaf.ndim - 3) + parents.shape + (1,))
-    return jnp.take_along_axis(leaf, index, axis=-2)
-  return jax.tree_util.tree_map_with_path(select, cache)
-
-
-# ------------------------------------------------------------------ steps ---
-
-def cross_attention_weights(intermediates, config: ModelConfig) -> jax.Array:
-  """Cross-attention weights of one decode step from the 'intermediates'
-  collection: [batch, layers, heads, s]."""
-  decoder = intermediates['decoder']
-  if config.scan_layers:
-    (weights,) = decoder['layers']['cross_attention']['attention_weights']
-    return jnp.moveaxis(weights[:, :, :, 0], 0, 1)  # [layers, b, n, 1, s]
-  return jnp.stack([
-      decoder[f'layer_{i}']['cross_attention']['attention_weights'][0][:, :, 0]
-      for i in range(config.num_decoder_layers)], axis=1)
-
-
-def translation_step_fn(config: ModelConfig, params,
-                        inputs_segment_ids: jax.Array,
-                        record_attention: bool = False,
-                        output_fn=None) -> StepFn:
-  """Cached `EncoderDecoder` step. inputs_segment_ids: [rows, s]; with
-  `record_attention` the step also returns cross-attention weights
-  [rows, layers, heads, s]; with `output_fn` (see `Decoder`) it returns that
-  function's result [rows, 1, ...] at position 0 in place of the logits."""
-  model = EncoderDecoder(config, decode=True)
-  mutable = ['cache', 'intermediates'] if record_attention else ['cache']
-
-  def step_fn(cache, previous_tokens, step):
-    ones = jnp.ones((previous_tokens.shape[0], 1), jnp.int32)
-    logits, variables = model.apply(
-        {'params': params, 'cache': cache}, None, inputs_segment_ids,
-        previous_tokens[:, None], ones, ones * step, output_fn,
-        method='decode_logits', mutable=mutable)
-    record = None
-    if record_attention:
-      record = cross_attention_weights(variables['intermediates'], config)
-    return logits[:, 0], variables['cache'], record
-  return step_fn
-
-
-def lm_step_fn(config: ModelConfig, params) -> StepFn:
-  """Cached `DecoderLM` step."""
-  model = DecoderLM(config, decode=True)
-
-  def step_fn(cache, previous_tokens, step):
-    ones = jnp.ones((previous_tokens.shape[0], 1), jnp.int32)
-    logits, variables = model.apply(
-        {'params': params, 'cache': cache}, previous_tokens[:, None], ones,
-        ones * step, method='decode_logits', mutable=['cache'])
-    return logits[:, 0], variables['cache'], None
-  return step_fn
-
-
 def previous_tokens(tokens: jax.Array, step: jax.Array) -> jax.Array:
   """The decoder input at `step`: tokens[..., step - 1], or PAD (the start
   token) at step 0. tokens: [..., length] -> [...]."""
   last = jax.lax.dynamic_index_in_dim(tokens, jnp.maximum(step - 1, 0),
                                       axis=-1, keepdims=False)
   return jnp.where(step > 0, last, PAD_ID)
-
-
-def encode_sources(config: ModelConfig, params, inputs: jax.Array):
-  """inputs [b, s] -> (encoded [b, s, d_model], segment ids [b, s])."""
-  segment_ids = (inputs != PAD_ID).astype(jnp.int32)
-  encoded = EncoderDecoder(config).apply(
-      {'params': params}, inputs, segment_ids, method='encode')
-  return encoded, segment_ids
 
 
 # ---------------------------------------------------- token-by-token loop ---
@@ -257,217 +132,40 @@ def token_loop(step_fn: StepFn, choose_fn, cache, finished: jax.Array,
   return state.tokens, state.records
 
 
+# ---------------------------------------------------------------- greedy ---
+
 def greedy_choice(logits: jax.Array, step=None) -> jax.Array:
   """[b, v] -> [b] int32: the first index of each row's maximum, a NaN
-  counting as the maximum, as `jnp.argmax`.
-
-  XLA's CPU backend reduces floats one element at a time (a NaN-propagating
-  max does not vectorise), but vectorises elementwise maxima: halving the
-  vocabulary with them first takes a [8, 8000] argmax from ~170 us to ~35.
-  The halves are taken on the vocabulary-major view, the layout in which
-  decoding on CPU computes logits (`layers.matmuls_by_transposed`). NaNs are
-  ranked apart, so the result does not depend on how a max reduction treats
-  them. Off the CPU (`backend.cpu_decoding_tricks`), plain `jnp.argmax`.
-  """
+  counting as the maximum, as `jnp.argmax` (on CPU by
+  `cpu_kernels.halving_argmax`)."""
   del step
-  if not cpu_decoding_tricks():
+  if not backend.cpu_kernel_applies('halving_argmax',
+                                    backend.platform(logits)):
     return jnp.argmax(logits, axis=-1).astype(jnp.int32)
-  by_token = logits.T  # [v, b]
-  best = by_token
-  while best.shape[0] % 2 == 0 and best.shape[0] > 128:
-    half = best.shape[0] // 2
-    best = jnp.maximum(best[:half], best[half:])
-  best = best.max(axis=0)
-  # Ranks: a NaN's index, else a maximum's index + v, else 2v.
-  vocab = by_token.shape[0]
-  index = jnp.arange(vocab, dtype=jnp.int32)[:, None]
-  rank = jnp.where(jnp.isnan(by_token), index,
-                   jnp.where(by_token == best, index + vocab, 2 * vocab))
-  first = rank.min(axis=0)
-  return jnp.where(first < vocab, first, first - vocab)
+  return cpu_kernels.halving_argmax(logits)
 
 
-def int8_candidates(x: jax.Array, kernel: jax.Array):
-  """The tokens that can have the largest float32 logit x kernel^T, screened
-  by an int8 product, a quarter of the float32 one's memory traffic.
-
-  With kernel rows w = s q + e and x = s_x p + e_x (q, p int8), each logit
-  x.w differs from s s_x p.q by s_x p.e + e_x.w, at most
-  B = |s_x p| max|e| + |e_x| max|w| (2-norms), and the float32 product from
-  the exact one by at most r = 2 d 2^-24 |x| max|w| (which also covers the
-  rounding of these statistics). So the token with the largest float32 logit
-  has p.q >= max(p.q) - 2 (B + r) / (s s_x): it is among the tokens that pass
-  that test. (p.q is exact in int32 for d < 133,000.)
-
-  The int8 table depends on the kernel only: in a decoding loop XLA makes it
-  once, before the loop.
-
-  Args:
-    x: [rows, d] float32; kernel: [v, d] float32.
-
-  Returns:
-    (count, first, last), [rows] int32 each: how many tokens pass, the first
-    and the last of them; count is 0 where x or the kernel has NaN or inf.
-  """
-  vocab, features = kernel.shape
-  scale = jnp.max(jnp.abs(kernel)) / 127
-  scale = jnp.where(scale > 0, scale, 1.0)
-  kernel_q = jnp.rint(kernel * (1 / scale))  # rint vectorises; round doesn't.
-  kernel_error = jnp.max(jnp.linalg.norm(kernel - scale * kernel_q, axis=1))
-  kernel_norm = jnp.max(jnp.linalg.norm(kernel, axis=1))
-
-  x = jax.lax.optimization_barrier(x)  # Computed once, not in every use.
-  x_scale = jnp.max(jnp.abs(x), axis=1, keepdims=True) / 127  # [rows, 1]
-  x_scale = jnp.where(x_scale > 0, x_scale, 1.0)
-  x_q = jnp.rint(x * (1 / x_scale))
-  bound = (jnp.linalg.norm(x_scale * x_q, axis=1) * kernel_error
-           + jnp.linalg.norm(x - x_scale * x_q, axis=1) * kernel_norm
-           + 2 * features * 2.0**-24 * jnp.linalg.norm(x, axis=1)
-           * kernel_norm)  # [rows]
-  slack = jnp.minimum(2 * bound / (scale * x_scale[:, 0]), 2.0**30)
-  # kernel_q x_q^T: the int8 product that XLA's CPU backend runs natively.
-  scores = jax.lax.dot_general(
-      kernel_q.astype(jnp.int8), x_q.astype(jnp.int8), (((1,), (1,)), ((), ())),
-      preferred_element_type=jnp.int32)  # [v, rows]
-  passes = scores >= (jnp.max(scores, axis=0)
-                      - jnp.ceil(slack).astype(jnp.int32) - 1)
-  index = jnp.arange(vocab, dtype=jnp.int32)[:, None]
-  count, first, last = jax.lax.reduce(  # One pass over the scores.
-      (passes.astype(jnp.int32), jnp.where(passes, index, vocab),
-       jnp.where(passes, index, -1)), (0, vocab, -1),
-      lambda a, b: (a[0] + b[0], jnp.minimum(a[1], b[1]),
-                    jnp.maximum(a[2], b[2])), (0,))
-  return jnp.where(jnp.isfinite(bound), count, 0), first, last
-
-
-def screened_argmax(x: jax.Array, kernel: jax.Array) -> jax.Array:
-  """`greedy_choice` of the logits x kernel^T, computing float32 logits for
-  at most two tokens a row: [rows, d] x [v, d] float32 -> [rows] int32.
-
-  Where `int8_candidates` leaves one token in every row, that is the answer;
-  where it leaves one or two, their float32 logits decide (ties to the
-  first); otherwise (a near tie, NaN or inf) the step computes all the
-  logits. Two logits within rounding error of each other may order
-  differently than in the full product, as between any two matmul kernels.
-  """
-  count, first, last = int8_candidates(x, kernel)
-
-  def best_of_two():
-    candidates = jnp.take(kernel, jnp.stack([first, last], axis=1), axis=0,
-                          mode='clip')  # [rows, 2, d]
-    logits = jnp.einsum('rkd,rd->rk', candidates, x)
-    return jnp.where(logits[:, 1] > logits[:, 0], last, first)
-
-  def best_of_all():
-    return greedy_choice(matmuls_by_transposed(
-        x, [kernel], preferred_element_type=jnp.float32)[0])
-
-  case = jnp.where(jnp.all(count == 1), 0,
-                   jnp.where(jnp.all((count >= 1) & (count <= 2)), 1, 2))
-  return jax.lax.switch(case, [lambda: first, best_of_two, best_of_all])
-
-
-def screens_greedy(config: ModelConfig, batch: int) -> bool:
-  """Whether greedy decoding picks its tokens with `screened_argmax`: on CPU
-  (where a decoding step is bound by memory traffic), for few rows, in
-  float32, with the output layer tied to the embedding (so without bias)."""
-  return (cpu_decoding_tricks() and batch <= FEW_ROWS
+def screens_greedy(config: ModelConfig, inputs: jax.Array) -> bool:
+  """Whether greedy decoding of `inputs` [b, s] picks its tokens with
+  `cpu_kernels.screened_argmax`: on CPU (where a decoding step is bound by
+  memory traffic), for few rows, in float32, with the output layer tied to
+  the embedding (so without bias)."""
+  return (backend.cpu_kernel_applies('int8_screen', backend.platform(inputs),
+                                     rows=inputs.shape[0])
           and config.compute_dtype == jnp.float32
           and config.share_embeddings != 'none')
 
-
-def _screened_tokens(x, kernel, bias):
-  """`Decoder` output_fn: next tokens [b, t] int32 from x [b, t, d]."""
-  assert bias is None, 'screened_argmax takes an output layer without bias'
-  batch, length, features = x.shape
-  tokens = screened_argmax(x.reshape(-1, features), kernel)
-  return tokens.reshape(batch, length)
-
-
-# ---------------------------------------------------- concurrent parts ---
-
-def _cpu_cores() -> int:
-  if hasattr(os, 'sched_getaffinity'):
-    return len(os.sched_getaffinity(0))
-  return os.cpu_count() or 1
-
-
-def default_batch_parts(inputs: jax.Array) -> int:
-  """How many parts of a batch a search decodes side by side: one per core
-  (at most one per sentence) on a single CPU device; 1 under a trace, on
-  accelerators, and with several devices (whose batches are sharded over a
-  mesh instead, and whose executions must run in the same order everywhere).
-
-  A decoding step on CPU is a chain of small operations, none big enough to
-  keep every core busy, so one search leaves cores idle between them;
-  searches on parts of the batch, run as separate executions from separate
-  threads, fill those gaps. On 2 cores (the decode benchmark), 2 parts made
-  greedy search 1.3x and beam search 1.45x as fast; 4 parts were slower than
-  one. No sentence's result depends on the rest of its batch, so the results
-  are the same.
-  """
-  if (isinstance(inputs, jax.core.Tracer) or not cpu_decoding_tricks()
-      or jax.device_count() > 1):
-    return 1
-  return max(1, min(inputs.shape[0], _cpu_cores()))
-
-
-@functools.cache
-def _part_threads() -> concurrent.futures.ThreadPoolExecutor:
-  return concurrent.futures.ThreadPoolExecutor(
-      max(2, _cpu_cores()), thread_name_prefix='jaxformer-decode')
-
-
-def search_in_parts(search: Callable[[jax.Array], Any], inputs: jax.Array,
-                    parts: int | None = None):
-  """`search(inputs)` run on `parts` equal blocks of rows concurrently, one
-  execution per block; the last block is filled up with all-padding rows.
-
-  Args:
-    search: [rows, s] int -> a pytree of [rows, ...] arrays and scalars; an
-      all-padding row must not change the other rows' results.
-    inputs: [batch, s] int.
-    parts: >= 1; None for `default_batch_parts(inputs)`.
-
-  Returns:
-    the pytree for the whole batch: arrays joined along rows, scalars (a step
-    count) the largest of the blocks'.
-  """
-  if parts is None:
-    parts = default_batch_parts(inputs)
-  if parts < 1:
-    raise ValueError(f'batch_parts must be at least 1 (1 decodes the batch in '
-                     f'one piece), got {parts}.')
-  if parts == 1:
-    return search(inputs)
-  batch = inputs.shape[0]
-  rows = -(-batch // parts)
-  inputs = jnp.pad(inputs, ((0, rows * parts - batch), (0, 0)))
-  blocks = [inputs[i * rows:(i + 1) * rows] for i in range(parts)]
-  # Each thread waits for its own execution: that is what makes them run
-  # side by side rather than one after another.
-  results = [future.result() for future in [
-      _part_threads().submit(lambda b: jax.block_until_ready(search(b)), b)
-      for b in blocks]]
-
-  def join(*leaves):
-    if leaves[0].ndim == 0:
-      return functools.reduce(jnp.maximum, leaves)
-    return jnp.concatenate(leaves)[:batch]
-  return jax.tree.map(join, *results)
-
-
-# ---------------------------------------------------------------- greedy ---
 
 @functools.partial(jax.jit, static_argnames=(
     'config', 'max_decode_len', 'return_attention'))
 def _greedy_decode(params, inputs, config, max_decode_len, eos_id,
                    return_attention):
-  encoded, segment_ids = encode_sources(config, params, inputs)
+  encoded, segment_ids = encoder_outputs(config, params, inputs)
   cache = init_cache(config, params, encoded, segment_ids, max_decode_len)
   choose_fn, output_fn = greedy_choice, None
-  if screens_greedy(config, inputs.shape[0]):
-    choose_fn, output_fn = (lambda tokens, step: tokens), _screened_tokens
+  if screens_greedy(config, inputs):
+    choose_fn = lambda tokens, step: tokens  # noqa: E731
+    output_fn = cpu_kernels.screened_tokens
   step_fn = translation_step_fn(config, params, segment_ids, return_attention,
                                 output_fn)
   record_shape = None
@@ -492,11 +190,13 @@ def greedy_decode(params, config: ModelConfig, inputs, *,
     params: `EncoderDecoder` parameters (boxed or plain).
     inputs: [batch, s] int source tokens, right-padded with 0; an all-padding
       row decodes to zeros.
-    max_decode_len: defaults to `max_decode_length(inputs, 50, config.max_len)`.
+    max_decode_len: defaults to `max_decode_length(inputs,
+      max_len=config.max_len)`.
     eos_id: end-of-sentence id; -1 never stops (every step runs).
     return_attention: also return cross-attention weights.
     batch_parts: decode this many blocks of sentences concurrently
-      (`search_in_parts`); defaults to `default_batch_parts(inputs)`.
+      (`cpu_kernels.search_in_parts`); defaults to
+      `cpu_kernels.default_batch_parts(inputs)`.
 
   Returns:
     tokens [batch, max_decode_len] int32: EOS included, 0 after it; with
@@ -508,7 +208,7 @@ def greedy_decode(params, config: ModelConfig, inputs, *,
   _check_decode_length(config, max_decode_len)
   inputs = jnp.asarray(inputs, jnp.int32)
   params = meta.unbox(params)
-  return search_in_parts(
+  return cpu_kernels.search_in_parts(
       lambda rows: _greedy_decode(params, rows, config, max_decode_len,
                                   jnp.int32(eos_id), return_attention),
       inputs, batch_parts)
@@ -531,28 +231,13 @@ def take_beams(values: jax.Array, indices: jax.Array) -> jax.Array:
   return jax.vmap(lambda v, i: v[i])(values, indices)
 
 
-def blocked_top_k(values: jax.Array, k: int, block: int = 64):
-  """`jax.lax.top_k` over the last axis of [rows, n], ties included: the k
-  largest lie in the k blocks with the largest maxima, so a sort of k * block
-  candidates replaces one of n (XLA's CPU top-k is slow for beam * vocab).
-  Off the CPU (`backend.cpu_decoding_tricks`), plain `jax.lax.top_k`.
-
-  Returns:
-    ([rows, k] values, [rows, k] int32 indices), largest first.
-  """
-  rows, n = values.shape
-  if n <= k * block or not cpu_decoding_tricks():
+def top_k(values: jax.Array, k: int):
+  """`jax.lax.top_k` over the last axis of [rows, n] (on CPU by
+  `cpu_kernels.blocked_top_k`): ([rows, k] values, [rows, k] int32
+  indices), largest first."""
+  if not backend.cpu_kernel_applies('blocked_top_k', backend.platform(values)):
     return jax.lax.top_k(values, k)
-  padded = jnp.pad(values, ((0, 0), (0, -n % block)),
-                   constant_values=-jnp.inf)
-  blocks = padded.reshape(rows, -1, block)
-  _, best_blocks = jax.lax.top_k(blocks.max(axis=-1), k)
-  # In index order, so that ties between candidates go to the lower index.
-  best_blocks = jnp.sort(best_blocks, axis=-1)
-  candidates = take_beams(blocks, best_blocks).reshape(rows, k * block)
-  top, position = jax.lax.top_k(candidates, k)
-  block_start = jnp.take_along_axis(best_blocks, position // block, -1) * block
-  return top, block_start + position % block
+  return cpu_kernels.blocked_top_k(values, k)
 
 
 def top_beams(scores: jax.Array, tokens: jax.Array, count: int):
@@ -590,7 +275,7 @@ def beam_search_step(state: BeamState, step_fn: StepFn, *, alpha, eos_id,
 
   candidate_logprob = (state.alive_logprob[..., None] + log_probs).reshape(
       batch, beam * vocab)
-  top_logprob, top_index = blocked_top_k(candidate_logprob, 2 * beam)
+  top_logprob, top_index = top_k(candidate_logprob, 2 * beam)
   parent = top_index // vocab
   token = (top_index % vocab).astype(jnp.int32)
   top_tokens = take_beams(state.alive_tokens, parent).at[:, :, step].set(token)
@@ -658,7 +343,7 @@ def final_beams(state: BeamState, max_decode_len: int, alpha: float):
     'config', 'beam_size', 'max_decode_len'))
 def _beam_search(params, inputs, config, beam_size, alpha, max_decode_len,
                  eos_id, early_exit):
-  encoded, segment_ids = encode_sources(config, params, inputs)
+  encoded, segment_ids = encoder_outputs(config, params, inputs)
   cache = init_cache(config, params, encoded, segment_ids, max_decode_len)
   step_fn = translation_step_fn(
       config, params, jnp.repeat(segment_ids, beam_size, axis=0))
@@ -672,8 +357,9 @@ def _beam_search(params, inputs, config, beam_size, alpha, max_decode_len,
   return (*final_beams(state, max_decode_len, alpha), state.step)
 
 
-def beam_search(params, config: ModelConfig, inputs, *, beam_size: int = 4,
-                alpha: float = 0.6, max_decode_len: int | None = None,
+def beam_search(params, config: ModelConfig, inputs, *,
+                beam_size: int = BEAM_SIZE, alpha: float = ALPHA,
+                max_decode_len: int | None = None,
                 eos_id: int = EOS_ID, early_exit: bool = True,
                 return_steps: bool = False, batch_parts: int | None = None):
   """Beam search translation with GNMT's length penalty.
@@ -689,14 +375,16 @@ def beam_search(params, config: ModelConfig, inputs, *, beam_size: int = 4,
   Args:
     params: `EncoderDecoder` parameters; inputs: [batch, s] int, right-padded
       with 0 (an all-padding row returns zeros with score 0).
-    max_decode_len: defaults to `max_decode_length(inputs, 50, config.max_len)`.
+    max_decode_len: defaults to `max_decode_length(inputs,
+      max_len=config.max_len)`.
     eos_id: -1 never ends a hypothesis (every step runs).
     early_exit: False runs every step and never freezes a sentence (for
       testing that stopping early changes nothing).
     return_steps: also return how many steps ran ([] int32; with several
       `batch_parts`, the most any part ran).
     batch_parts: decode this many blocks of sentences concurrently
-      (`search_in_parts`); defaults to `default_batch_parts(inputs)`.
+      (`cpu_kernels.search_in_parts`); defaults to
+      `cpu_kernels.default_batch_parts(inputs)`.
 
   Returns:
     (tokens [batch, beam, max_decode_len] int32, best first, 0 after EOS;
@@ -709,7 +397,7 @@ def beam_search(params, config: ModelConfig, inputs, *, beam_size: int = 4,
   if beam_size * 2 > config.output_vocab_size:
     raise ValueError('beam_size must be at most half the vocabulary.')
   params = meta.unbox(params)
-  tokens, scores, steps = search_in_parts(
+  tokens, scores, steps = cpu_kernels.search_in_parts(
       lambda rows: _beam_search(
           params, rows, config, beam_size, jnp.float32(alpha),
           max_decode_len, jnp.int32(eos_id), jnp.bool_(early_exit)),

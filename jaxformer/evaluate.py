@@ -80,7 +80,8 @@ def encode_sources(source_tok: Tokenizer, sentences: Sequence[str],
 
 def translate(params, model_config: ModelConfig, source_tok: Tokenizer,
               target_tok: Tokenizer, sentences: Iterable[str], *,
-              beam_size: int = 4, alpha: float = 0.6, max_extra_len: int = 50,
+              beam_size: int = decode.BEAM_SIZE, alpha: float = decode.ALPHA,
+              max_extra_len: int = decode.MAX_EXTRA_LEN,
               batch_size: int = 64, max_source_length: int | None = None,
               on_too_long: str = 'truncate',
               warn=print) -> Iterator[str]:
@@ -103,8 +104,8 @@ def translate(params, model_config: ModelConfig, source_tok: Tokenizer,
     padded = np.zeros((batch_size, rows.shape[1]), np.int32)
     padded[:len(rows)] = rows
     longest = int((rows != 0).sum(1).max(initial=0))
-    decode_len = min(model_config.max_len,
-                     _round_up(longest + max_extra_len))
+    decode_len = decode.decode_length(longest, max_extra_len,
+                                      model_config.max_len, multiple=16)
     tokens = np.asarray(decode_tokens(params, model_config, padded,
                                       beam_size=beam_size, alpha=alpha,
                                       max_decode_len=decode_len))
@@ -147,8 +148,9 @@ def decode_split(params, model_config: ModelConfig,
   if max_examples:
     references = references[:max_examples]
   hypotheses: dict[int, str] = {}
-  decode_len = min(model_config.max_len, config.data.max_target_length
-                   + config.decode.max_extra_len)
+  decode_len = decode.decode_length(config.data.max_target_length,
+                                    config.decode.max_extra_len,
+                                    model_config.max_len)
   params = parallel.gathered(params, 'fsdp')  # Once, not at every token.
   batch_rows = mesh.shape['data'] * mesh.shape['fsdp']
   batch_size = math.ceil(config.decode.batch_size / batch_rows) * batch_rows

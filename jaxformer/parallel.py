@@ -86,7 +86,9 @@ def make_mesh(sizes: Mapping[str, int],
 
 
 def axis_rules(rules) -> tuple[tuple[str, object], ...]:
-  """Normalises a rules table from a config (lists) into tuples."""
+  """Normalises a rules table from a config (lists) into tuples: the one
+  place that does. `logical_shardings` and `activate` call it, so callers
+  pass `config.mesh.axis_rules` as it is."""
   def as_axes(value):
     return tuple(value) if isinstance(value, (list, tuple)) else value
   return tuple((str(name), as_axes(value)) for name, value in rules)

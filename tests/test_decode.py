@@ -1,9 +1,6 @@
 """Greedy search, beam search and sampling against uncached references and
 hand-built models."""
 import functools
-import os
-import subprocess
-import sys
 
 import jax
 import jax.numpy as jnp
@@ -12,7 +9,7 @@ import pytest
 from flax.core import meta
 
 from jaxformer import decode
-from jaxformer.model import DecoderLM, EncoderDecoder, ModelConfig
+from jaxformer.model import DecoderLM, EncoderDecoder, ModelConfig, cpu_kernels
 
 TINY = ModelConfig(vocab_size=32, d_model=16, num_heads=2, d_ff=32,
                    num_encoder_layers=2, num_decoder_layers=2, max_len=32,
@@ -214,89 +211,6 @@ def test_beam_search_finds_what_greedy_misses():
       scores[0], np.log([0.4 * 0.93, 0.5 * 0.3]) / penalty, rtol=1e-4)
 
 
-@pytest.mark.parametrize('vocab', [8000, 7999, 32])
-def test_greedy_choice_is_argmax_including_ties_and_nan(vocab):
-  rng = np.random.default_rng(0)
-  logits = rng.normal(size=(6, vocab)).astype(np.float32)
-  logits[1] = np.round(logits[1])  # ties: the first maximum wins
-  logits[2, [5, vocab - 1]] = np.nan  # NaN is the maximum, as in argmax
-  logits[3] = -np.inf
-  logits[4, :] = 0.0
-  logits[4, [3, vocab // 2]] = 1.0
-  got = jax.jit(decode.greedy_choice)(jnp.asarray(logits))
-  assert got.dtype == jnp.int32
-  np.testing.assert_array_equal(got, np.argmax(logits, axis=-1))
-
-
-def screening_case(name):
-  """(x [rows, 64], kernel [1000, 64]) float32 for `screened_argmax`."""
-  rng = np.random.default_rng(0)
-  kernel = rng.normal(0.0, 0.125, (1000, 64)).astype(np.float32)
-  x = rng.normal(0.0, 1.0, (16, 64)).astype(np.float32)
-  if name == 'peaked':  # A clear winner in every row, as in trained models.
-    x += 8.0 * kernel[rng.integers(0, 1000, 16)]
-  elif name == 'outliers':  # Coarse int8 steps in both.
-    kernel[3, 5] = 40.0
-    x[:, 7] *= 50.0
-  elif name == 'exact ties':  # Tokens 7 and 700 share the largest logit.
-    kernel[700] = kernel[7]
-    x = np.tile(kernel[7] * 20.0, (16, 1))
-  elif name == 'near ties':  # Tokens 100-109 within 1e-6 of each other.
-    kernel[100:110] = kernel[100] + rng.normal(0.0, 1e-6, (10, 64))
-    x = np.tile(kernel[100] * 20.0, (16, 1)).astype(np.float32)
-  elif name == 'nan, inf, zero':
-    x[1, 3] = np.nan
-    x[2, 4] = np.inf
-    x[3] = 0.0
-  return x, kernel
-
-
-@pytest.mark.parametrize('case', [
-    'peaked', 'random', 'outliers', 'exact ties', 'near ties',
-    'nan, inf, zero'])
-def test_screened_argmax_is_greedy_choice_of_the_logits(case):
-  x, kernel = screening_case(case)
-  logits = jnp.asarray(x) @ jnp.asarray(kernel).T
-  got = jax.jit(decode.screened_argmax)(jnp.asarray(x), jnp.asarray(kernel))
-  assert got.dtype == jnp.int32
-  np.testing.assert_array_equal(got, decode.greedy_choice(logits))
-  if case == 'exact ties':
-    np.testing.assert_array_equal(got, 7)
-
-
-def test_int8_candidates_hold_the_winner_and_few_others():
-  for case in ['peaked', 'random', 'outliers', 'exact ties', 'near ties']:
-    x, kernel = screening_case(case)
-    count, first, last = jax.jit(decode.int8_candidates)(x, kernel)
-    winner = np.argmax(x.astype(np.float64) @ kernel.T.astype(np.float64), -1)
-    assert np.all((first <= winner) & (winner <= last)), case
-    few = count <= 2  # Then the winner is one of them.
-    assert np.all(((winner == first) | (winner == last))[few]), case
-    if case == 'peaked':  # Where the screen is meant to pay off:
-      np.testing.assert_array_equal(count, 1)
-    if case == 'exact ties':
-      np.testing.assert_array_equal(count, 2)
-      np.testing.assert_array_equal([first, last], [[7] * 16, [700] * 16])
-    if case == 'near ties':
-      assert np.all(count >= 10)
-  count, _, _ = decode.int8_candidates(*screening_case('nan, inf, zero'))
-  np.testing.assert_array_equal(count[1:3], 0)  # NaN and inf screen nothing.
-  assert count[3] == 1000  # All logits are zero.
-
-
-# Whole blocks, a part block, too few values for blocks.
-@pytest.mark.parametrize('n', [1000, 1003, 100])
-def test_blocked_top_k_equals_lax_top_k_including_ties(n):
-  rng = np.random.default_rng(0)
-  ties = np.round(rng.normal(size=(3, n)) * 3)
-  ties[1, 500:] = -np.inf
-  for values in [rng.normal(size=(3, n)), ties]:
-    want = jax.lax.top_k(values, 8)
-    got = decode.blocked_top_k(jnp.asarray(values), 8)
-    np.testing.assert_array_equal(got[0], want[0])
-    np.testing.assert_array_equal(got[1], want[1])
-
-
 def teacher_forced_logprob(config, params, inputs, tokens, eos_id):
   """log p(tokens | inputs) under the full (uncached) forward pass, summed up
   to and including each row's first EOS (all positions if it has none).
@@ -402,41 +316,18 @@ def test_searching_in_parts_changes_no_result(parts):
   assert parts_steps == steps < DECODE_LEN  # The largest part's count.
 
 
-def test_search_in_parts_joins_rows_and_keeps_the_largest_scalar():
-  inputs = jnp.arange(10, dtype=jnp.int32).reshape(5, 2)
-  rows, largest = decode.search_in_parts(
-      lambda block: (block * 2, jnp.max(block)), inputs, parts=2)
-  np.testing.assert_array_equal(rows, inputs * 2)
-  assert largest == 9
-  with pytest.raises(ValueError, match='batch_parts must be at least 1'):
-    decode.search_in_parts(lambda block: block, inputs, parts=0)
-
-
-def test_default_batch_parts_is_one_per_core_on_a_single_cpu_device():
-  env = {k: v for k, v in os.environ.items() if k != 'XLA_FLAGS'}
-  env['JAX_PLATFORMS'] = 'cpu'
-  script = ('import jax.numpy as jnp; from jaxformer import decode; '
-            'print([decode.default_batch_parts(jnp.zeros((n, 5), jnp.int32))'
-            ' for n in (1, 3, 64)])')
-  printed = subprocess.run([sys.executable, '-c', script], env=env,
-                           capture_output=True, text=True, check=True).stdout
-  cores = len(os.sched_getaffinity(0))
-  assert printed.split()[-3:] == [
-      '[1,', f'{min(3, cores)},', f'{min(64, cores)}]']
-
-
 def test_default_batch_parts_is_one_with_several_devices_or_under_jit():
   config, params = translation_model()
   inputs = jnp.asarray(random_sources(3, 7))
   if jax.device_count() > 1:  # As the suite runs: 8 CPU devices.
-    assert decode.default_batch_parts(inputs) == 1
+    assert cpu_kernels.default_batch_parts(inputs) == 1
 
   greedy = functools.partial(decode.greedy_decode, params, config,
                              max_decode_len=DECODE_LEN)
   parts_under_jit = []
 
   def traced(inputs):
-    parts_under_jit.append(decode.default_batch_parts(inputs))
+    parts_under_jit.append(cpu_kernels.default_batch_parts(inputs))
     return greedy(inputs)
   np.testing.assert_array_equal(jax.jit(traced)(inputs), greedy(inputs))
   assert parts_under_jit == [1]

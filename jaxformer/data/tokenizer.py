@@ -1,12 +1,7 @@
 """SentencePiece tokenizers: training, loading, and the fixed special ids.
 
-Special ids are the same in every model jaxformer trains or accepts:
-
-  PAD_ID = 0  padding; also the decoder's start token: targets are shifted
-              right inside the model, with 0 at the start of each segment.
-  EOS_ID = 1  ends every encoded sequence (source and target).
-  UNK_ID = 2  pieces outside the vocabulary.
-  BOS_ID = 3  reserved, unused by translation.
+Special ids are the same in every model jaxformer trains or accepts: those
+of `jaxformer.token_ids` (PAD 0, EOS 1, UNK 2, BOS 3), re-exported here.
 
 Models live as `<workdir>/tokenizer/joint.model` (one model for both sides)
 or `source.model` and `target.model`.  In a multi-process run only process 0
@@ -28,11 +23,7 @@ import sentencepiece as spm
 
 from jaxformer import paths
 from jaxformer.data import sources
-
-PAD_ID = 0
-EOS_ID = 1
-UNK_ID = 2
-BOS_ID = 3
+from jaxformer.token_ids import BOS_ID, EOS_ID, PAD_ID, UNK_ID
 
 _SPECIAL_IDS = {'pad': PAD_ID, 'eos': EOS_ID, 'unk': UNK_ID, 'bos': BOS_ID}
 _SPECIAL_PIECES = {'pad': '<pad>', 'eos': '</s>', 'unk': '<unk>', 'bos': '<s>'}

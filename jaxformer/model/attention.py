@@ -9,8 +9,7 @@ import jax.numpy as jnp
 from flax import linen as nn
 from flax import struct
 
-from jaxformer.model import backend, kernels
-from jaxformer.model.backend import cpu_decoding_tricks
+from jaxformer.model import backend, cpu_kernels, kernels
 from jaxformer.model.config import ModelConfig
 from jaxformer.model.layers import Linear, apply_linears
 
@@ -153,42 +152,28 @@ def shared_key_attention(query, key_t, value, mask):
 
 def prefix_attention(query, key_t, value, mask, filled,
                      buckets: int | None = None):
-  """`shared_key_attention` over the first `filled` cache slots only, rounded
-  up to one of `buckets` static lengths (one `lax.switch` branch each): a
-  decoding step then reads on average little more than half of the cache.
-
-  Each branch copies its prefix of the cache before its matmuls, which only
-  pays on long caches: by default one bucket per 64 slots, at most four
-  (measured on CPU: a 64-slot greedy cache is fastest read whole, a 256-slot
-  beam cache in four buckets). Off the CPU (`backend.cpu_decoding_tricks`)
-  the whole cache is read.
+  """`shared_key_attention` over the first `filled` cache slots only: on CPU
+  with a long cache, rounded up to one of `buckets` static lengths
+  (`cpu_kernels.read_prefix`); elsewhere over the whole cache.
 
   Args:
     query, key_t, value, mask: as in `shared_key_attention`; slots at or
       beyond `filled` must be masked out.
     filled: [] int, 1 <= filled <= s.
-    buckets: the number of static lengths; None for the default above.
+    buckets: the number of static lengths; None for
+      `cpu_kernels.prefix_buckets` on CPU, 1 elsewhere.
 
   Returns:
     as `shared_key_attention`; the weights are zero beyond the bucket.
   """
-  slots = value.shape[2]
   if buckets is None:
-    buckets = min(4, slots // 64) if cpu_decoding_tricks() else 1
+    buckets = 1
+    if backend.cpu_kernel_applies('prefix_buckets', backend.platform(query)):
+      buckets = cpu_kernels.prefix_buckets(value.shape[2])
   if buckets <= 1:
     return shared_key_attention(query, key_t, value, mask)
-  sizes = sorted({-(-slots * (j + 1) // buckets) for j in range(buckets)})
-
-  def attend(size):
-    def branch(query, key_t, value, mask):
-      out, weights = shared_key_attention(
-          query, key_t[..., :size], value[:, :, :size], mask[..., :size])
-      return out, jnp.pad(weights, [(0, 0)] * 3 + [(0, slots - size)])
-    return branch
-
-  bucket = jnp.searchsorted(jnp.asarray(sizes), filled)
-  return jax.lax.switch(bucket, [attend(size) for size in sizes],
-                        query, key_t, value, mask)
+  return cpu_kernels.read_prefix(shared_key_attention, query, key_t, value,
+                                 mask, filled, buckets)
 
 
 def fused_attention(query, key, value, mask):
@@ -238,7 +223,7 @@ class MultiHeadAttention(nn.Module):
   reuses them at every step. Decoding takes the einsum path, without dropout.
 
   The decoding cache serves `beams` hypotheses per sentence (1 unless a beam
-  search widens it, see `decode.repeat_cache_for_beams`); the rows of a step
+  search widens it, see `repeat_cache_for_beams`); the rows of a step
   are batch * beams, sentence-major. All hypotheses of a sentence attend to
   one copy of its source keys/values, and to one pool of cached positions:
   every hypothesis writes its key/value at step p into its own slot, and a
@@ -314,7 +299,7 @@ class MultiHeadAttention(nn.Module):
     dropout_rng = None
     if not self.deterministic and cfg.attention_dropout > 0:
       dropout_rng = self.make_rng('dropout')
-    platform = backend.platform()
+    platform = backend.platform(query)
     kernel = backend.attention_kernel(cfg.attention_impl, platform,
                                       cfg.compute_dtype,
                                       (query.shape[1], key.shape[1]))
@@ -399,3 +384,38 @@ class MultiHeadAttention(nn.Module):
             & (jnp.arange(max_length) <= i)[:, None])  # [batch, q, p, j]
     return (cached_key.value, cached_value.value,
             mask.reshape(rows, 1, 1, max_length * beams), (i + 1) * beams)
+
+
+# ------------------------------------------------- the cache of beams ---
+
+def _leaf_name(path) -> str:
+  return str(getattr(path[-1], 'key', path[-1]))
+
+
+# The slot axis of each widened cache leaf (see `MultiHeadAttention`).
+_BEAM_SLOT_AXES = {'cached_key': -1, 'cached_value': -2, 'history': -2}
+
+
+def repeat_cache_for_beams(cache, beam_size: int):
+  """Widens a one-beam decoding cache to `beam_size` hypotheses per
+  sentence: cached self-attention keys [..., batch, n, h, length] ->
+  [..., batch, n, h, length * beam], values [..., batch, n, length, h] ->
+  [..., batch, n, length * beam, h] and their history [..., batch, 1,
+  length] -> [..., batch, beam, length] (a leading layers axis with scanned
+  layers). Source keys/values stay one copy per sentence."""
+  def repeat(path, leaf):
+    axis = _BEAM_SLOT_AXES.get(_leaf_name(path))
+    return leaf if axis is None else jnp.repeat(leaf, beam_size, axis=axis)
+  return jax.tree_util.tree_map_with_path(repeat, cache)
+
+
+def select_beam_histories(cache, parents: jax.Array):
+  """Beam i of each sentence continues hypothesis parents[b, i]: it takes over
+  that hypothesis's history of cached positions. parents: [batch, beam]
+  int."""
+  def select(path, leaf):
+    if _leaf_name(path) != 'history':
+      return leaf
+    index = parents.reshape((1,) * (leaf.ndim - 3) + parents.shape + (1,))
+    return jnp.take_along_axis(leaf, index, axis=-2)
+  return jax.tree_util.tree_map_with_path(select, cache)

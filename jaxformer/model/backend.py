@@ -1,5 +1,6 @@
 """Which code path runs where: the platform a program is built for, the
-attention kernel it gets, and whether the CPU-only decoding tricks apply.
+attention kernel and compute dtype it gets (the CPU-only decoding kernels
+say where they apply in `cpu_kernels.applies`).
 
 Each decision has one function here, so that what runs on a CPU, a GPU and
 a TPU can be read (and tested) in one place.
@@ -23,14 +24,34 @@ def log_once(message: str) -> None:
     logging.getLogger('jaxformer').warning('jaxformer: %s', message)
 
 
-def platform() -> str:
-  """'cpu', 'gpu' or 'tpu': that of the mesh in context (`jax.set_mesh`),
-  so that a program compiled from a CPU host for TPU devices takes the TPU
-  paths; without a mesh, JAX's default backend."""
-  mesh = jax.sharding.get_abstract_mesh()
-  device = None if mesh.empty else getattr(mesh, 'abstract_device', None)
-  name = getattr(device, 'platform', None) or jax.default_backend()
+def platform(like=None) -> str:
+  """'cpu', 'gpu' or 'tpu': the platform of the program being built.
+
+  That of the mesh in context (`jax.set_mesh`); else that of `like`'s
+  devices (an array, or a tracer whose inputs carry a sharding: a program
+  lowered for TPU devices from a CPU host, without a mesh in context); else
+  JAX's default backend.
+  """
+  name = _mesh_platform(jax.sharding.get_abstract_mesh())
+  if name is None and like is not None:
+    name = _array_platform(like)
+  name = name or jax.default_backend()
   return 'gpu' if name in ('cuda', 'rocm') else name
+
+
+def _mesh_platform(mesh) -> str | None:
+  if mesh is None or mesh.empty:
+    return None
+  return getattr(getattr(mesh, 'abstract_device', None), 'platform', None)
+
+
+def _array_platform(x) -> str | None:
+  """The platform of a concrete array's devices, or of a traced array's
+  abstract mesh; None where it has neither."""
+  if isinstance(x, jax.Array) and not isinstance(x, jax.core.Tracer):
+    return next(iter(x.sharding.device_set)).platform
+  sharding = getattr(jax.typeof(x), 'sharding', None)
+  return _mesh_platform(getattr(sharding, 'mesh', None))
 
 
 # Splash pads both lengths to its 128-token blocks: below one block the
@@ -48,10 +69,11 @@ def attention_kernel(impl: str, platform_name: str, dtype,
 
   'auto' is cuDNN flash attention on GPUs in bfloat16/float16 (cuDNN has no
   float32 flash kernel), the Pallas splash kernel on TPUs when both lengths
-  fill its blocks (`SPLASH_MIN_LENGTH`), and the einsums elsewhere. 'fused' is `jax.nn.dot_product_attention` with XLA's
-  implementation (one fused softmax, no flash tiling). 'cudnn' and 'splash'
-  ask for that kernel wherever they run ('splash' off a TPU runs in Pallas
-  interpret mode, for tests).
+  fill its blocks (`SPLASH_MIN_LENGTH`), and the einsums elsewhere. 'fused'
+  is `jax.nn.dot_product_attention` with XLA's implementation (one fused
+  softmax, no flash tiling). 'cudnn' and 'splash' ask for that kernel
+  wherever they run ('splash' off a TPU runs in Pallas interpret mode, for
+  tests).
 
   Returns:
     one of 'einsum', 'fused', 'cudnn', 'splash'.
@@ -82,15 +104,36 @@ def compute_dtype(name: str, platform_name: str | None = None):
   return jnp.dtype(name)
 
 
-def cpu_decoding_tricks(platform_name: str | None = None) -> bool:
-  """Whether decoding takes the paths that were measured to pay on XLA's
-  CPU backend only: cache reads in prefix buckets under `lax.switch`, the
-  halving greedy argmax and int8 screen, blocked top-k, the batch decoded in
-  concurrent parts, and kernel-transposed matmuls for few rows. On GPUs and
-  TPUs the plain path (full cache reads, `argmax`, `lax.top_k`, one batch,
-  ordinary matmuls) runs.
+# Measured on a 2-core AVX2 CPU, 24 matmuls of 256 inputs: (kernel x^T)^T is
+# 2x faster at 8 rows, 1.3x at 32, the same from 128.
+TRANSPOSED_MATMUL_MAX_ROWS = 64
+# The int8 vocabulary screen of greedy search was measured at 8 rows (the
+# decode benchmark: 8-13% faster). A step computes all the logits when the
+# screen leaves more than two candidates in any row, which more rows make
+# likelier.
+SCREEN_MAX_ROWS = 64
+# Each kernel of `cpu_kernels` and the platforms it was measured to pay on:
+# {platform: the most rows it pays for, None for any number}.
+CPU_KERNELS = {
+    'transposed_matmuls': {'cpu': TRANSPOSED_MATMUL_MAX_ROWS},
+    'int8_screen': {'cpu': SCREEN_MAX_ROWS},
+    'halving_argmax': {'cpu': None},
+    'blocked_top_k': {'cpu': None},
+    'prefix_buckets': {'cpu': None},
+    'batch_parts': {'cpu': None},
+}
 
-  Args:
-    platform_name: None for `platform()`.
-  """
-  return (platform_name or platform()) == 'cpu'
+
+def cpu_kernel_applies(kernel: str, platform_name: str,
+                       rows: int | None = None) -> bool:
+  """Whether `kernel` of `cpu_kernels` (a key of `CPU_KERNELS`) runs in a
+  program built for `platform_name` (see `platform`) on `rows` rows (None
+  where rows do not matter). Off a CPU the plain path runs: full cache
+  reads, `argmax`, `lax.top_k`, one batch, ordinary matmuls."""
+  if kernel not in CPU_KERNELS:
+    raise ValueError(f'Unknown CPU kernel {kernel!r}; one of '
+                     f'{list(CPU_KERNELS)}.')
+  if platform_name not in CPU_KERNELS[kernel]:
+    return False
+  most = CPU_KERNELS[kernel][platform_name]
+  return most is None or rows is None or rows <= most

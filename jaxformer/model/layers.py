@@ -8,7 +8,7 @@ import jax.numpy as jnp
 import numpy as np
 from flax import linen as nn
 
-from jaxformer.model.backend import cpu_decoding_tricks
+from jaxformer.model import backend, cpu_kernels
 from jaxformer.model.config import ModelConfig
 
 
@@ -28,38 +28,23 @@ def sinusoidal_positions(max_len: int, d_model: int) -> np.ndarray:
   return table.astype(np.float32)
 
 
-# Measured on a 2-core AVX2 CPU, 24 matmuls of 256 inputs: (kernel x^T)^T is
-# 2x faster at 8 rows, 1.3x at 32, the same from 128.
-FEW_ROWS = 64
-
-
-def matmuls_by_transposed(x: jax.Array, kernels, preferred_element_type=None
-                          ) -> list[jax.Array]:
+def matmuls(x: jax.Array, kernels, preferred_element_type=None
+            ) -> list[jax.Array]:
   """x kernel^T for each kernel: [..., in] x [out_k, in] -> [..., out_k].
 
-  On CPU with few rows (a decoding step), computed as one product (K x^T)^T,
-  K the kernels stacked: XLA's CPU matmul copies and transposes its
-  right-hand operand at every call, which for weights costs more than the
-  product itself, and one product streams the weights from memory faster
-  than several small ones. The barriers keep XLA from folding the transposes
-  back into the usual form; inside a decoding loop, XLA stacks the kernels
-  once, before the loop. Off the CPU (`backend.cpu_decoding_tricks`), the
-  usual products.
+  On CPU with few rows (a decoding step), one product of the kernels
+  stacked (`cpu_kernels.transposed_matmuls`).
   """
   leading, features = x.shape[:-1], x.shape[-1]
   rows = int(np.prod(leading))
-  if rows > FEW_ROWS or not cpu_decoding_tricks():
+  if not backend.cpu_kernel_applies('transposed_matmuls',
+                                    backend.platform(x), rows):
     return [jnp.einsum('...i,oi->...o', x, kernel,
                        preferred_element_type=preferred_element_type)
             for kernel in kernels]
-  stacked = kernels[0] if len(kernels) == 1 else jnp.concatenate(kernels)
-  x_t = jax.lax.optimization_barrier(x.reshape(rows, features).T)
-  y = jax.lax.optimization_barrier(jnp.einsum(
-      'oi,ir->or', stacked, x_t,
-      preferred_element_type=preferred_element_type)).T
-  ends = np.cumsum([kernel.shape[0] for kernel in kernels])
-  return [y[:, end - kernel.shape[0]:end].reshape(*leading, kernel.shape[0])
-          for kernel, end in zip(kernels, ends)]
+  products = cpu_kernels.transposed_matmuls(
+      x.reshape(rows, features), kernels, preferred_element_type)
+  return [y.reshape(*leading, y.shape[-1]) for y in products]
 
 
 class Embed(nn.Module):
@@ -85,8 +70,7 @@ class Embed(nn.Module):
   def attend(self, x: jax.Array) -> jax.Array:
     """[batch, length, d_model] -> [batch, length, vocab] float32 logits."""
     table = jnp.asarray(self.table, self.config.compute_dtype)
-    return matmuls_by_transposed(x, [table],
-                                 preferred_element_type=jnp.float32)[0]
+    return matmuls(x, [table], preferred_element_type=jnp.float32)[0]
 
 
 class AddPositions(nn.Module):
@@ -150,12 +134,12 @@ class Linear(nn.Module):
 
 def apply_linears(x: jax.Array, linears) -> list[jax.Array]:
   """Linear layers of one `in_ndim` applied to the same x, as one matrix
-  product where that is faster (`matmuls_by_transposed`):
+  product where that is faster (`matmuls`):
   [..., *in_features] -> [..., *features] for each layer."""
   in_ndim = linears[0].in_ndim
   leading, in_features = x.shape[:-in_ndim], x.shape[-in_ndim:]
   weights = [linear.weights(in_features) for linear in linears]
-  products = matmuls_by_transposed(
+  products = matmuls(
       x.reshape(*leading, -1).astype(linears[0].config.compute_dtype),
       [kernel for kernel, _ in weights])
   outputs = []
@@ -193,13 +177,15 @@ def layer_norm(config: ModelConfig, name: str) -> nn.LayerNorm:
 
 
 def residual(x: jax.Array, sublayer: Callable[[jax.Array], jax.Array],
-             norm: nn.LayerNorm, dropout: nn.Dropout, norm_position: str,
+             name: str, dropout: nn.Dropout, config: ModelConfig,
              deterministic: bool) -> jax.Array:
-  """A sublayer with its residual connection and LayerNorm.
+  """A sublayer with its residual connection and the LayerNorm
+  `{name}_norm`, in `config.norm_position`:
 
   post-LN (the paper): LayerNorm(x + Dropout(sublayer(x)));
   pre-LN: x + Dropout(sublayer(LayerNorm(x))).
   """
-  if norm_position == 'pre':
+  norm = layer_norm(config, f'{name}_norm')
+  if config.norm_position == 'pre':
     return x + dropout(sublayer(norm(x)), deterministic=deterministic)
   return norm(x + dropout(sublayer(x), deterministic=deterministic))

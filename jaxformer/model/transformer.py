@@ -57,12 +57,10 @@ class EncoderLayer(nn.Module):
     cfg, det = self.config, self.deterministic
     drop = nn.Dropout(cfg.residual_dropout)
     attend = MultiHeadAttention(cfg, 'self', det, name='self_attention')
-    x = layers.residual(x, lambda h: attend(h, h, mask),
-                        layers.layer_norm(cfg, 'self_attention_norm'), drop,
-                        cfg.norm_position, det)
-    x = layers.residual(x, layers.FeedForward(cfg, det, name='ffn'),
-                        layers.layer_norm(cfg, 'ffn_norm'), drop,
-                        cfg.norm_position, det)
+    x = layers.residual(x, lambda h: attend(h, h, mask), 'self_attention',
+                        drop, cfg, det)
+    x = layers.residual(x, layers.FeedForward(cfg, det, name='ffn'), 'ffn',
+                        drop, cfg, det)
     return constrain(x), None
 
 
@@ -84,17 +82,14 @@ class DecoderLayer(nn.Module):
     self_attend = MultiHeadAttention(cfg, 'causal', det, self.decode,
                                      name='self_attention')
     x = layers.residual(x, lambda h: self_attend(h, h, self_mask),
-                        layers.layer_norm(cfg, 'self_attention_norm'), drop,
-                        cfg.norm_position, det)
+                        'self_attention', drop, cfg, det)
     if self.cross:
       cross_attend = MultiHeadAttention(cfg, 'cross', det, self.decode,
                                         name='cross_attention')
       x = layers.residual(x, lambda h: cross_attend(h, encoded, cross_mask),
-                          layers.layer_norm(cfg, 'cross_attention_norm'), drop,
-                          cfg.norm_position, det)
-    x = layers.residual(x, layers.FeedForward(cfg, det, name='ffn'),
-                        layers.layer_norm(cfg, 'ffn_norm'), drop,
-                        cfg.norm_position, det)
+                          'cross_attention', drop, cfg, det)
+    x = layers.residual(x, layers.FeedForward(cfg, det, name='ffn'), 'ffn',
+                        drop, cfg, det)
     return constrain(x), None
 
 

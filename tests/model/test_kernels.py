@@ -144,12 +144,6 @@ def test_unknown_attention_impl_is_an_error_naming_the_key():
     backend.attention_kernel('flash', 'cpu', jnp.float32)
 
 
-@pytest.mark.parametrize('platform, expected', [
-    ('cpu', True), ('gpu', False), ('tpu', False)])
-def test_cpu_decoding_tricks_only_on_cpu(platform, expected):
-  assert backend.cpu_decoding_tricks(platform) is expected
-
-
 def test_platform_is_that_of_the_mesh_in_context():
   assert backend.platform() == jax.default_backend()
   mesh = parallel.make_mesh({'data': 2}, jax.devices()[:2])

@@ -7,9 +7,9 @@ import numpy as np
 from flax import linen as nn
 
 from jaxformer.model import ModelConfig
-from jaxformer.model.layers import (FEW_ROWS, AddPositions, Embed,
-                                    FeedForward, Linear, apply_linears,
-                                    matmuls_by_transposed,
+from jaxformer.model.backend import TRANSPOSED_MATMUL_MAX_ROWS
+from jaxformer.model.layers import (AddPositions, Embed, FeedForward, Linear,
+                                    apply_linears, matmuls,
                                     sinusoidal_positions)
 
 CONFIG = ModelConfig(vocab_size=50, d_model=32, num_heads=4, d_ff=64,
@@ -66,17 +66,18 @@ def test_embedding_is_scaled_by_sqrt_d_model_and_attend_uses_the_table():
   np.testing.assert_allclose(logits[0], want, rtol=1e-5, atol=1e-5)
 
 
-def test_matmuls_by_transposed_are_x_times_each_kernel_transposed():
+def test_matmuls_are_x_times_each_kernel_transposed():
   kernels = [jax.random.normal(jax.random.PRNGKey(0), (6, 5)),
              jax.random.normal(jax.random.PRNGKey(2), (3, 5))]
-  for shape in [(3, 5), (2, 4, 5), (FEW_ROWS + 1, 5)]:  # Both paths.
+  # Both paths.
+  for shape in [(3, 5), (2, 4, 5), (TRANSPOSED_MATMUL_MAX_ROWS + 1, 5)]:
     x = jax.random.normal(jax.random.PRNGKey(1), shape)
-    products = jax.jit(matmuls_by_transposed)(x, kernels)
+    products = jax.jit(matmuls)(x, kernels)
     for product, kernel in zip(products, kernels):
       np.testing.assert_allclose(product, np.asarray(x) @ np.asarray(kernel).T,
                                  rtol=1e-5, atol=1e-5)
     grad_x, grad_kernels = jax.grad(
-        lambda x, ks: sum(p.sum() for p in matmuls_by_transposed(x, ks)),
+        lambda x, ks: sum(p.sum() for p in matmuls(x, ks)),
         argnums=(0, 1))(x, kernels)
     np.testing.assert_allclose(
         grad_x, np.broadcast_to(sum(np.asarray(k).sum(0) for k in kernels),
@@ -101,7 +102,7 @@ def test_linears_applied_together_equal_each_applied_alone():
         return apply_linears(x, linears)
       return [linear(x) for linear in linears]
 
-  for rows in (3, FEW_ROWS + 1):  # Both paths.
+  for rows in (3, TRANSPOSED_MATMUL_MAX_ROWS + 1):  # Both paths.
     x = jax.random.normal(jax.random.PRNGKey(0), (1, rows, 32))
     variables = TwoLinears(False).init(jax.random.PRNGKey(1), x)
     variables = jax.tree.map(lambda v: v + 0.1, variables)  # Non-zero bias.

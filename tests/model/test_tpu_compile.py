@@ -2,6 +2,7 @@
 libtpu's compile-only client: with attention_impl='auto' it runs the Pallas
 splash kernel (a Mosaic custom call), sharded over the batch axes."""
 import os
+import re
 
 import jax
 import jax.numpy as jnp
@@ -81,3 +82,53 @@ def test_auto_attention_compiles_to_the_splash_kernel_for_tpu(v5e_devices):
   assert hlo.count('custom_call_target="tpu_custom_call"') >= 3
   einsum_hlo, _ = compiled_train_step(v5e_devices, 'einsum', compile_it=False)
   assert 'tpu_custom_call' not in einsum_hlo
+
+
+DECODER = ModelConfig(vocab_size=512, d_model=32, num_heads=2, d_ff=64,
+                      num_encoder_layers=1, num_decoder_layers=1, max_len=160)
+
+
+def lowered_decode(devices, beam_size: int) -> str:
+  """StableHLO of a search lowered for `devices` with no mesh in context,
+  as `jax.jit(...).lower` with sharded arguments does: greedy search
+  (beam 1) or beam search, 140 tokens (long enough for cache buckets), 4
+  sentences (few enough for the int8 screen)."""
+  from jaxformer import decode
+  from jaxformer.model import EncoderDecoder
+  mesh = jax.sharding.Mesh(np.array(devices).reshape(-1, 1, 1),
+                           parallel.MESH_AXES)
+  replicated = jax.sharding.NamedSharding(mesh, jax.sharding.PartitionSpec())
+  tokens = jnp.ones((4, 8), jnp.int32)
+  params = jax.tree.map(
+      lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=replicated),
+      jax.eval_shape(EncoderDecoder(DECODER).init, jax.random.PRNGKey(0),
+                     tokens, tokens)['params'])
+  inputs = jax.ShapeDtypeStruct((4, 8), jnp.int32,
+                                sharding=parallel.batch_sharding(mesh))
+  if beam_size == 1:
+    search = lambda p, x: decode.greedy_decode(  # noqa: E731
+        p, DECODER, x, max_decode_len=140)
+  else:
+    search = lambda p, x: decode.beam_search(  # noqa: E731
+        p, DECODER, x, beam_size=beam_size, max_decode_len=140)[0]
+  return jax.jit(search).lower(params, inputs).as_text()
+
+
+def cpu_kernel_marks(text: str) -> dict[str, int]:
+  """Traces of `cpu_kernels` in StableHLO: lax.switch (int8 screen, cache
+  buckets), optimization barriers (transposed matmuls, screen) and int8
+  products."""
+  return {'switch': text.count('stablehlo.case'),
+          'barrier': text.count('optimization_barrier'),
+          'int8 dot': len(re.findall(r'dot_general.*xi8>', text))}
+
+
+@pytest.mark.parametrize('beam_size', [1, 4])
+def test_decoding_lowered_for_tpu_takes_no_cpu_kernel(v5e_devices, beam_size):
+  """The platform is that of the devices a program is built for, not this
+  host's backend: the same search lowered for this host's CPU takes them."""
+  tpu = cpu_kernel_marks(lowered_decode(v5e_devices, beam_size))
+  assert tpu == {'switch': 0, 'barrier': 0, 'int8 dot': 0}
+  cpu = cpu_kernel_marks(lowered_decode(jax.devices('cpu')[:1], beam_size))
+  assert cpu['switch'] > 0 and cpu['barrier'] > 0
+  assert (cpu['int8 dot'] > 0) == (beam_size == 1)
