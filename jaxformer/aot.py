@@ -6,10 +6,10 @@ all hosts included, on this machine (`jax.experimental.topologies`); the
 programs are lowered and compiled for them exactly as `jaxformer train`
 builds them (model, optimizer, mesh, axis rules, shardings), but nothing
 runs. Per program: per-device memory against the chip's HBM, the
-collectives in the compiled HLO and XLA's cost model. Every choice of a code path by
-platform (`model/backend.py`: attention kernels, the CPU-only decoding
-kernels) sees the TPU devices the program is compiled for, not this
-machine's CPU.
+collectives and custom calls in the compiled HLO and XLA's cost model.
+Every choice of a code path by platform (`model/backend.py`: attention
+kernels, the CPU-only decoding kernels) sees the TPU devices the program is
+compiled for, not this machine's CPU.
 
 Collective counts are instructions in the compiled module: one in a loop
 body (`model.scan_layers`) counts once, although it runs once per layer.
