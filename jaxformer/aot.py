@@ -204,7 +204,7 @@ def build_programs(config: ml_collections.ConfigDict, mesh, process_count: int,
   model_config = model_config_lib.from_config_dict(config.model)
   task = get_task(config.task)
   train = config.train
-  rules = parallel.axis_rules(config.mesh.axis_rules)
+  rules = config.mesh.axis_rules
   schedule = schedules.make_schedule(train, model_config.d_model)
   tx = schedules.make_optimizer(train, schedule)
   abstract, shardings = trained.train_state_layout(config, mesh, tx)

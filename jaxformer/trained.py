@@ -46,7 +46,7 @@ def train_state_layout(config: ml_collections.ConfigDict, mesh,
   return state_shardings(
       task, task.model(model_config), tx or optax.identity(),
       task.example_batch(config), mesh,
-      parallel.axis_rules(config.mesh.axis_rules), config.train.prng_impl)
+      config.mesh.axis_rules, config.train.prng_impl)
 
 
 def abstract_params(config: ml_collections.ConfigDict, mesh):

@@ -157,7 +157,7 @@ class Trainer:
     self.task = get_task(self.config.task)
     self.mesh = parallel.make_mesh(
         {axis: self.config.mesh[axis] for axis in parallel.MESH_AXES})
-    self.rules = parallel.axis_rules(self.config.mesh.axis_rules)
+    self.rules = self.config.mesh.axis_rules
     # Layout and batch shapes are checked now, not hours in at a first use.
     parallel.check_process_rows(self.mesh)
     data_tasks.check_batch_shapes(self.config, parallel.row_shards(self.mesh),
