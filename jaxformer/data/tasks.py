@@ -199,7 +199,7 @@ def train_batches(config: ml_collections.ConfigDict,
   'bucket' batches have a multiple of `row_multiple` rows, one example
   each, and no '*_segment_ids' / '*_positions'."""
   if config.task == 'translation':
-    batches = pipeline.train_batches(
+    batches = pipeline.translation_train_batches(
         config.data, source_tok, target_tok, start_step=start_step,
         process_index=process_index, process_count=process_count,
         row_multiple=row_multiple)
@@ -272,7 +272,7 @@ def eval_batches(config: ml_collections.ConfigDict,
                  ) -> Iterator[Batch]:
   """Evaluation batches of `config.task` over the whole `split`."""
   if config.task == 'translation':
-    return pipeline.eval_batches(
+    return pipeline.translation_eval_batches(
         config.data, source_tok, target_tok, split,
         process_index=process_index, process_count=process_count)
   return row_eval_batches(task_rows(config, split, source_tok),
