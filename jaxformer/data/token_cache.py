@@ -206,12 +206,11 @@ def _chunks(items: Iterable, size: int) -> Iterator[list]:
 def encoded_shards(pairs: Iterable[sources.Pair],
                    source_tok: tokenizer_lib.Tokenizer,
                    target_tok: tokenizer_lib.Tokenizer,
-                   shard_examples: int = SHARD_EXAMPLES
                    ) -> Iterator[dict[str, np.ndarray]]:
-  """Shards of `shard_examples` encoded pairs: 'source', 'source_lengths',
+  """Shards of SHARD_EXAMPLES encoded pairs: 'source', 'source_lengths',
   'target', 'target_lengths' (see the module docstring)."""
   dtype = _token_dtype(source_tok, target_tok)
-  for shard_pairs in _chunks(pairs, shard_examples):
+  for shard_pairs in _chunks(pairs, SHARD_EXAMPLES):
     parts = collections.defaultdict(list)
     for chunk in _chunks(shard_pairs, ENCODE_CHUNK):
       for side, tok, texts in zip(SIDES, (source_tok, target_tok), zip(*chunk)):
