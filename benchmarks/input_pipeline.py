@@ -85,8 +85,10 @@ def phase_tokenise(tsv: str, workdir: str) -> dict:
   examples = token_cache.tokenized_split(
       config, 'train', tok, tok, token_cache.directory(config, workdir))
   seconds = time.perf_counter() - start
+  usage = resource.getrusage(resource.RUSAGE_SELF)
   tokens = int(examples.source_lengths.sum() + examples.target_lengths.sum())
-  return dict(seconds=seconds, examples=examples.num_examples, tokens=tokens,
+  return dict(seconds=seconds, cpu_seconds=usage.ru_utime + usage.ru_stime,
+              examples=examples.num_examples, tokens=tokens,
               peak_gib=peak_memory_gib())
 
 
@@ -164,8 +166,9 @@ def main() -> None:
     tokenised = result_of(in_subprocess('--phase', 'tokenise', *common))
     print(f'tokenise once into the cache: {tokenised["seconds"]:.1f} s for '
           f'{tokenised["examples"]:,} pairs, {tokenised["tokens"]:,} tokens '
-          f'({tokenised["examples"] / tokenised["seconds"]:,.0f} pairs/s), '
-          f'peak memory {tokenised["peak_gib"]:.2f} GiB')
+          f'({tokenised["examples"] / tokenised["seconds"]:,.0f} pairs/s; '
+          f'{tokenised["cpu_seconds"]:.0f} s of CPU time in all), peak memory '
+          f'{tokenised["peak_gib"]:.2f} GiB')
     for count in (1, 2):
       runs = [in_subprocess('--phase', 'restart', '--process', str(i),
                             str(count), *common) for i in range(count)]

@@ -41,6 +41,7 @@ or by ranged reads from a remote one (in memory only without a cache).
 
 from __future__ import annotations
 
+import os
 from collections.abc import Iterator
 
 import ml_collections
@@ -54,6 +55,7 @@ from jaxformer.data.token_cache import TokenizedSplit
 
 Batch = dict[str, np.ndarray]
 _BUCKET_GRANULARITY = 8
+_PLAN_EXAMPLES = 1 << 22  # examples planned at once when resuming
 
 
 # ---------------------------------------------------------------- examples
@@ -75,7 +77,7 @@ def training_examples(data_config: ml_collections.ConfigDict,
         f'all {examples.num_examples} training examples are longer than '
         f'max_source_length={data_config.max_source_length} or '
         f'max_target_length={data_config.max_target_length} tokens; raise them')
-  return examples.subset(np.flatnonzero(fits))
+  return examples if fits.all() else examples.subset(np.flatnonzero(fits))
 
 
 def train_rows_per_process(global_rows: int, process_count: int,
@@ -232,16 +234,20 @@ def packing_plan(source_lengths, target_lengths, max_source_length,
   return order, tf.concat([row_starts, [tf.size(order)]], axis=0)
 
 
-def _locate_step(step: int, batches_in_epoch) -> tuple[int, int]:
+def _locate_step(step: int, batches_in_epoch, num_examples: int
+                 ) -> tuple[int, int]:
   """(epoch, batch within epoch) of global batch number `step`.
 
   `batches_in_epoch(epoch)` is a TensorFlow function, run for successive
-  epochs in parallel on all CPU cores.
+  epochs in parallel on the CPU cores, as many at once as host memory
+  allows (a plan needs ~120 bytes per example while it is computed).
   """
   if step == 0:
     return 0, 0
+  parallel = max(1, min(os.cpu_count() or 1,
+                        _PLAN_EXAMPLES // max(num_examples, 1)))
   counts = tf.data.Dataset.range(np.iinfo(np.int64).max).map(
-      batches_in_epoch, num_parallel_calls=tf.data.AUTOTUNE)
+      batches_in_epoch, num_parallel_calls=parallel)
   for epoch, count in enumerate(counts.as_numpy_iterator()):
     if step < count:
       return epoch, step
@@ -295,7 +301,8 @@ def _packed_dataset(examples: TokenizedSplit, data_config, start_step: int,
                           max_target)
 
   first_epoch, first_batch = _locate_step(
-      start_step, lambda epoch: batches_of_epoch(epoch_plan(epoch)))
+      start_step, lambda epoch: batches_of_epoch(epoch_plan(epoch)),
+      examples.num_examples)
   plans = _batches_from(first_epoch, first_batch, epoch_plan, batches_of_epoch)
   return plans.map(make_batch, num_parallel_calls=tf.data.AUTOTUNE)
 
