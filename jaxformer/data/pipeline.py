@@ -58,9 +58,6 @@ _BUCKET_GRANULARITY = 8
 _PLAN_EXAMPLES = 1 << 22  # examples planned at once when resuming
 
 
-# ---------------------------------------------------------------- examples
-
-
 def training_examples(data_config: ml_collections.ConfigDict,
                       source_tok: tokenizer_lib.Tokenizer,
                       target_tok: tokenizer_lib.Tokenizer,
@@ -80,13 +77,12 @@ def training_examples(data_config: ml_collections.ConfigDict,
   return examples if fits.all() else examples.subset(np.flatnonzero(fits))
 
 
-def train_rows_per_process(global_rows: int, process_count: int,
-                           what: str = 'data.batch_size') -> int:
+def train_rows_per_process(batch_size: int, process_count: int) -> int:
   """Rows of each process in a training batch: an exact share."""
-  if global_rows % process_count:
-    raise ValueError(f'{what}={global_rows} is not divisible by the '
+  if batch_size % process_count:
+    raise ValueError(f'data.batch_size={batch_size} is not divisible by the '
                      f'{process_count} processes; make it a multiple')
-  return global_rows // process_count
+  return batch_size // process_count
 
 
 def eval_rows_per_process(batch_size: int, process_count: int) -> int:
@@ -403,8 +399,11 @@ def _bucketed_dataset(examples: TokenizedSplit, data_config, start_step: int,
   return plans.map(make_batch, num_parallel_calls=tf.data.AUTOTUNE)
 
 
-def _hide_accelerators_from_tensorflow() -> None:
-  """Keeps TensorFlow on the CPU so that it leaves GPU/TPU memory to JAX."""
+def _start_tensorflow(process_index: int, process_count: int) -> None:
+  """Checks the process index; keeps TensorFlow on the CPU so that it leaves
+  GPU/TPU memory to JAX."""
+  if not 0 <= process_index < process_count:
+    raise ValueError(f'process_index {process_index} is not in [0, {process_count})')
   try:
     tf.config.set_visible_devices([], 'GPU')
     tf.config.set_visible_devices([], 'TPU')
@@ -440,13 +439,11 @@ def translation_train_batches(
     target_width], int32.  Padding is 0 with segment id 0; positions restart
     at 0 in each segment.
   """
-  if not 0 <= process_index < process_count:
-    raise ValueError(f'process_index {process_index} is not in [0, {process_count})')
   builders = {'pack': _packed_dataset, 'bucket': _bucketed_dataset}
   if data_config.batching not in builders:
     raise ValueError(f"data.batching must be 'pack' or 'bucket', got "
                      f'{data_config.batching!r}')
-  _hide_accelerators_from_tensorflow()
+  _start_tensorflow(process_index, process_count)
   examples = training_examples(data_config, source_tok, target_tok,
                                token_cache, process_index)
   dataset = builders[data_config.batching](examples, data_config, start_step,
@@ -477,9 +474,7 @@ def translation_eval_batches(
     'example_index' [R] int32: the example's index in the split, -1 for
     padding rows.
   """
-  if not 0 <= process_index < process_count:
-    raise ValueError(f'process_index {process_index} is not in [0, {process_count})')
-  _hide_accelerators_from_tensorflow()
+  _start_tensorflow(process_index, process_count)
   max_source, max_target = data_config.max_source_length, data_config.max_target_length
   examples = token_cache_lib.tokenized_split(
       data_config, split, source_tok, target_tok, token_cache,
