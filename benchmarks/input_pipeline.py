@@ -121,7 +121,7 @@ def phase_restart(tsv: str, workdir: str, resume_step: int, batches: int,
   return result
 
 
-def in_subprocess(*arguments: str) -> list[subprocess.Popen]:
+def in_subprocess(*arguments: str) -> subprocess.Popen:
   return subprocess.Popen([sys.executable, __file__, *arguments],
                           stdout=subprocess.PIPE, text=True)
 
