@@ -214,7 +214,11 @@ def test_two_processes_train_exactly_like_one(one_process, two_processes):
   assert eval_two['eval_loss'] == pytest.approx(eval_one['eval_loss'], abs=1e-5)
   assert eval_two['eval_accuracy'] == pytest.approx(eval_one['eval_accuracy'],
                                                     abs=1e-6)
-  assert sorted(os.listdir(two_processes / 'tokenizer')) == ['joint.model']
+  # Process 0 alone wrote the token cache beside the tokenizer.
+  assert sorted(os.listdir(two_processes / 'tokenizer')) == [
+      'joint.model', 'token_cache']
+  cached = sorted(os.listdir(two_processes / 'tokenizer' / 'token_cache'))
+  assert [name.split('-')[0] for name in cached] == ['dev', 'train'], cached
   assert json.loads((two_processes / 'config.json').read_text())['train'][
       'num_steps'] == 10
 
