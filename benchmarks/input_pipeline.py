@@ -1,104 +1,193 @@
-"""Input pipeline throughput: the built-in dataset and a generated 1M-pair TSV.
+"""Input at scale: tokenise a generated 5M-pair TSV once, then restart from
+the token cache.
 
-Prints, for each dataset: time to read the train split, to train the
-tokenizer, to pre-tokenise, to the first batch, to resume far into training,
-and the steady-state tokens/s delivered (real source + target tokens, padding
-excluded) for 'pack' and 'bucket' batching.
+Prints, each phase in its own process (so that its peak memory is its own):
+  generate  a synthetic TSV of --pairs built-in sentence pairs (not timed
+            as part of the pipeline);
+  tokenizer a joint model trained on a --sample_size sample of it;
+  tokenise  the train split into the token cache (data/token_cache.py):
+            wall time and peak resident memory;
+  restart   a fresh process, as a resumed run starts: time to its first
+            'pack' batch at --resume_step (the cache is read, not written),
+            then batches/s, and peak memory; run as 1 process and as each
+            of 2 processes of one run (process_index 0 and 1 at once).
 
-  python benchmarks/input_pipeline.py [--tsv_pairs 1000000] [--batches 300]
+With --workdir naming a folder that already holds train.tsv, the data and
+the tokenizer are kept, and 'tokenise' finds the cache: it shows what a
+later run on the same data pays.
+
+Peak memory is ru_maxrss of the process (it includes the memory-mapped
+token pages it touched).  The machine this was measured on was shared with
+other work: its speeds are lower bounds (its times upper bounds) of what
+an idle machine does.
+
+  python benchmarks/input_pipeline.py [--pairs 5000000] [--workdir DIR]
 """
 
 import argparse
-import itertools
+import json
 import os
+import resource
+import subprocess
+import sys
 import tempfile
 import time
 
 import numpy as np
 
-from jaxformer.data import builtin
-from jaxformer.data.config import default_data_config
-from jaxformer.data import pipeline
-from jaxformer.data import sources
-from jaxformer.data import tokenizer as tokenizer_lib
+
+def data_config(tsv: str):
+  from jaxformer.data.config import default_data_config
+  config = default_data_config()
+  config.source = 'tsv'
+  config.tsv.train = tsv
+  config.tokenizer.vocab_size = 512
+  return config
 
 
-def timed(label: str, function, *args, **kwargs):
+def peak_memory_gib() -> float:
+  return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20
+
+
+def generate(tsv: str, num_pairs: int, seed: int = 1) -> None:
+  """`num_pairs` built-in sentence pairs (not deduplicated), written in chunks."""
+  from jaxformer.data import builtin
+  rng = np.random.default_rng(seed)
+  words = [list(builtin.SUBJECTS), list(builtin.VERBS), list(builtin.NOUNS),
+           list(builtin.ADJECTIVES) + [None], list(builtin.ADVERBS) + [None]]
+  with open(tsv, 'w', encoding='utf-8') as f:
+    for start in range(0, num_pairs, 100_000):
+      size = min(100_000, num_pairs - start)
+      subject, verb, noun, adjective, adverb = (
+          [choices[i] for i in rng.integers(0, len(choices), size)]
+          for choices in words)
+      numbers = rng.integers(builtin.MIN_NUMBER, builtin.MAX_NUMBER + 1, size)
+      pairs = map(builtin.sentence_pair, subject, verb, numbers.tolist(), noun,
+                  adjective, adverb)
+      f.writelines(f'{source}\t{target}\n' for source, target in pairs)
+
+
+def train_tokenizer(tsv: str, workdir: str, sample_size: int) -> None:
+  """The run's tokenizer, trained on every k-th pair (streamed)."""
+  from jaxformer.data import sources
+  from jaxformer.data import tokenizer as tokenizer_lib
+  config = data_config(tsv)
+  lines = sum(1 for _ in open(tsv, 'rb'))
+  every = max(1, lines // sample_size)
+  texts = [text for i, pair in enumerate(sources.iter_split(config, 'train'))
+           if i % every == 0 for text in pair]
+  tokenizer_lib.train_tokenizer(texts, os.path.join(workdir, 'tokenizer', 'joint'),
+                                config.tokenizer)
+
+
+def phase_tokenise(tsv: str, workdir: str) -> dict:
+  from jaxformer.data import token_cache
+  from jaxformer.data import tokenizer as tokenizer_lib
+  config = data_config(tsv)
+  tok = tokenizer_lib.load_tokenizer(os.path.join(workdir, 'tokenizer', 'joint.model'))
   start = time.perf_counter()
-  result = function(*args, **kwargs)
-  print(f'  {label:<40} {time.perf_counter() - start:8.2f} s')
+  examples = token_cache.tokenized_split(
+      config, 'train', tok, tok, token_cache.directory(config, workdir))
+  seconds = time.perf_counter() - start
+  usage = resource.getrusage(resource.RUSAGE_SELF)
+  tokens = int(examples.source_lengths.sum() + examples.target_lengths.sum())
+  return dict(seconds=seconds, cpu_seconds=usage.ru_utime + usage.ru_stime,
+              examples=examples.num_examples, tokens=tokens,
+              peak_gib=peak_memory_gib())
+
+
+def phase_restart(tsv: str, workdir: str, resume_step: int, batches: int,
+                  process_index: int, process_count: int) -> dict:
+  start = time.perf_counter()
+  from jaxformer.data import pipeline
+  from jaxformer.data import token_cache
+  from jaxformer.data import tokenizer as tokenizer_lib
+  imported = time.perf_counter() - start
+  config = data_config(tsv)
+  tok = tokenizer_lib.load_tokenizer(os.path.join(workdir, 'tokenizer', 'joint.model'))
+  cache = token_cache.directory(config, workdir)
+  result = dict(import_seconds=imported)
+  start = time.perf_counter()
+  stream = pipeline.translation_train_batches(
+      config, tok, tok, start_step=resume_step, process_index=process_index,
+      process_count=process_count, token_cache=cache)
+  next(stream)
+  result['first_batch_seconds'] = time.perf_counter() - start
+  start = time.perf_counter()
+  for _ in range(batches):
+    next(stream)
+  result['batches_per_second'] = batches / (time.perf_counter() - start)
+  result['peak_gib'] = peak_memory_gib()
   return result
 
 
-def real_tokens(batch: dict[str, np.ndarray]) -> int:
-  return int(np.count_nonzero(batch['inputs_segment_ids']) +
-             np.count_nonzero(batch['targets_segment_ids']))
+def in_subprocess(*arguments: str) -> subprocess.Popen:
+  return subprocess.Popen([sys.executable, __file__, *arguments],
+                          stdout=subprocess.PIPE, text=True)
 
 
-def measure_stream(data_config, tok, num_batches: int) -> None:
-  for batching in ('pack', 'bucket'):
-    data_config.batching = batching
-    start = time.perf_counter()
-    batches = pipeline.train_batches(data_config, tok, tok)
-    next(batches)
-    first = time.perf_counter() - start
-    start = time.perf_counter()
-    tokens = sum(real_tokens(batch) for batch in itertools.islice(batches, num_batches))
-    seconds = time.perf_counter() - start
-    print(f'  {batching + " first batch":<40} {first:8.2f} s, then '
-          f'{num_batches / seconds:.0f} batches/s, {tokens / seconds / 1e6:.2f} M tokens/s')
-
-
-def measure_resume(data_config, tok, start_step: int) -> None:
-  data_config.batching = 'pack'
-  start = time.perf_counter()
-  next(pipeline.train_batches(data_config, tok, tok, start_step=start_step))
-  print(f'  {f"resume at step {start_step:,}":<40} {time.perf_counter() - start:8.2f} s')
-
-
-def benchmark(name: str, data_config, workdir: str, num_batches: int) -> None:
-  print(f'{name}: batch_size={data_config.batch_size}, '
-        f'tokens_per_batch={data_config.tokens_per_batch}, '
-        f'max lengths {data_config.max_source_length}/{data_config.max_target_length}')
-  start = time.perf_counter()
-  pairs = sources.read_split(data_config, 'train')
-  read_seconds = time.perf_counter() - start
-  print(f'  {f"read train split ({len(pairs):,} pairs)":<40} {read_seconds:8.2f} s')
-  sample = np.random.default_rng(0).choice(
-      len(pairs), data_config.tokenizer.sample_size, replace=False)
-  texts = [text for i in sample for text in pairs[i]]
-  del pairs
-  tok = timed(f'train tokenizer ({len(sample):,} pairs)', tokenizer_lib.train_tokenizer,
-              texts, os.path.join(workdir, 'joint'), data_config.tokenizer)
-  start = time.perf_counter()
-  examples = pipeline.tokenized_split(data_config, 'train', tok, tok)
-  tokenize_seconds = time.perf_counter() - start - read_seconds
-  num_tokens = examples.source_tokens.size + examples.target_tokens.size
-  print(f'  {f"pre-tokenise ({num_tokens:,} tokens)":<40} {tokenize_seconds:8.2f} s')
-  measure_stream(data_config, tok, num_batches)
-  measure_resume(data_config, tok, start_step=100_000)
+def result_of(process: subprocess.Popen) -> dict:
+  output, _ = process.communicate()
+  if process.returncode:
+    sys.exit(f'a benchmark phase failed (exit {process.returncode})')
+  return json.loads(output.strip().splitlines()[-1])
 
 
 def main() -> None:
   parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-  parser.add_argument('--tsv_pairs', type=int, default=1_000_000)
-  parser.add_argument('--batches', type=int, default=300)
+  parser.add_argument('--pairs', type=int, default=5_000_000)
+  parser.add_argument('--sample_size', type=int, default=20_000)
+  parser.add_argument('--resume_step', type=int, default=100_000)
+  parser.add_argument('--batches', type=int, default=200)
+  parser.add_argument('--workdir', default='', help='kept if given')
+  parser.add_argument('--phase', default='', help=argparse.SUPPRESS)
+  parser.add_argument('--process', type=int, nargs=2, default=(0, 1),
+                      help=argparse.SUPPRESS)
   args = parser.parse_args()
+  if args.phase:  # One phase, in a subprocess started below.
+    tsv = os.path.join(args.workdir, 'train.tsv')
+    result = (phase_tokenise(tsv, args.workdir) if args.phase == 'tokenise' else
+              phase_restart(tsv, args.workdir, args.resume_step, args.batches,
+                            *args.process))
+    print(json.dumps(result))
+    return
 
-  with tempfile.TemporaryDirectory() as tmp:
-    data_config = default_data_config()
-    benchmark('builtin', data_config, os.path.join(tmp, 'builtin'), args.batches)
-
-    tsv_path = os.path.join(tmp, 'train.tsv')
-    pairs = timed(f'generate {args.tsv_pairs:,} pairs', builtin.generate,
-                  args.tsv_pairs, 1, 'train')
-    with open(tsv_path, 'w', encoding='utf-8') as f:
-      f.writelines(f'{source}\t{target}\n' for source, target in pairs)
-    del pairs
-    data_config = default_data_config()
-    data_config.source = 'tsv'
-    data_config.tsv.train = tsv_path
-    benchmark('tsv', data_config, os.path.join(tmp, 'tsv'), args.batches)
+  with tempfile.TemporaryDirectory() as scratch:
+    workdir = args.workdir or scratch
+    os.makedirs(workdir, exist_ok=True)
+    tsv = os.path.join(workdir, 'train.tsv')
+    if os.path.exists(tsv):
+      print(f'kept {tsv} and its tokenizer')
+    else:
+      start = time.perf_counter()
+      generate(tsv, args.pairs)
+      print(f'generate {args.pairs:,} pairs ({os.path.getsize(tsv) / 2**20:.0f} '
+            f'MiB TSV): {time.perf_counter() - start:.1f} s')
+      start = time.perf_counter()
+      train_tokenizer(tsv, workdir, args.sample_size)
+      print(f'train the tokenizer on {args.sample_size:,} pairs: '
+            f'{time.perf_counter() - start:.1f} s')
+    common = ['--workdir', workdir, '--resume_step', str(args.resume_step),
+              '--batches', str(args.batches)]
+    tokenised = result_of(in_subprocess('--phase', 'tokenise', *common))
+    print(f'tokenise once into the cache (or find it): '
+          f'{tokenised["seconds"]:.1f} s for '
+          f'{tokenised["examples"]:,} pairs, {tokenised["tokens"]:,} tokens '
+          f'({tokenised["examples"] / tokenised["seconds"]:,.0f} pairs/s; '
+          f'{tokenised["cpu_seconds"]:.0f} s of CPU time in all), peak memory '
+          f'{tokenised["peak_gib"]:.2f} GiB')
+    for count in (1, 2):
+      runs = [in_subprocess('--phase', 'restart', '--process', str(i),
+                            str(count), *common) for i in range(count)]
+      for index, run in enumerate(runs):
+        r = result_of(run)
+        print(f'restart, process {index} of {count}: imports '
+              f'{r["import_seconds"]:.1f} s, first batch (step '
+              f'{args.resume_step:,}) {r["first_batch_seconds"]:.1f} s, then '
+              f'{r["batches_per_second"]:.0f} batches/s, peak memory '
+              f'{r["peak_gib"]:.2f} GiB')
+    print('(measured on a shared machine: the speeds are lower bounds, the '
+          'times upper bounds, of what an idle one does)')
 
 
 if __name__ == '__main__':

@@ -154,7 +154,7 @@ def decode_split(params, model_config: ModelConfig,
   params = parallel.gathered(params, 'fsdp')  # Once, not at every token.
   batch_rows = mesh.shape['data'] * mesh.shape['fsdp']
   batch_size = math.ceil(config.decode.batch_size / batch_rows) * batch_rows
-  batches = pipeline.eval_batches(
+  batches = pipeline.translation_eval_batches(
       config.data, source_tok, target_tok, split,
       batch_size=batch_size, process_index=jax.process_index(),
       process_count=jax.process_count())

@@ -15,6 +15,7 @@ import os
 import time
 
 import fsspec
+import numpy as np
 from etils import epath
 
 # Other processes write to the same bucket (the tokenizer, checkpoints,
@@ -120,6 +121,24 @@ def stat(path: str | os.PathLike) -> tuple[int, int]:
     return result.st_size, result.st_mtime_ns
   result = epath.Path(path).stat()
   return result.length, result.mtime
+
+
+def read_ranges(path: str | os.PathLike, starts, ends) -> list[bytes]:
+  """Bytes [start, end) of a file for each pair of `starts` and `ends`; a
+  remote file's ranges are fetched concurrently (fsspec's cat_ranges)."""
+  path = os.fspath(path)
+  if not is_remote(path):
+    with open(path, 'rb') as f:
+      return [os.pread(f.fileno(), int(end) - int(start), int(start))
+              for start, end in zip(starts, ends)]
+  filesystem, name = fsspec.core.url_to_fs(path)
+  return filesystem.cat_ranges([name] * len(starts), [int(s) for s in starts],
+                               [int(e) for e in ends])
+
+
+def memory_map_npy(path: str | os.PathLike):
+  """A local .npy file as a read-only memory-mapped array."""
+  return np.load(os.fspath(path), mmap_mode='r')
 
 
 def rename(source: str | os.PathLike, target: str | os.PathLike) -> None:

@@ -139,6 +139,41 @@ def test_local_and_remote_files_read_back_what_was_written(tmp_path,
   no_gs_folder(tmp_path, os.getcwd())
 
 
+def test_a_token_cache_on_gs_is_written_once_and_read_by_ranges(
+    tmp_path, gcs_emulator, monkeypatch):
+  from jaxformer.data import builtin, pipeline, sources, token_cache
+  from jaxformer.data import tokenizer as tokenizer_lib
+  from jaxformer.data.config import default_data_config
+  pairs = builtin.generate(60, 2, 'train')
+  config = default_data_config()
+  config.source = 'tsv'
+  config.tsv.train = 'gs://test-bucket/cache-data/train.tsv'
+  paths.write_text(config.tsv.train, ''.join(f'{s}\t{t}\n' for s, t in pairs))
+  config.tokenizer.vocab_size = 120
+  config.update(batch_size=4, max_source_length=40, max_target_length=40)
+  tok = tokenizer_lib.train_tokenizer([t for p in pairs for t in p],
+                                      str(tmp_path / 'joint'), config.tokenizer)
+  monkeypatch.setattr(token_cache, 'SHARD_EXAMPLES', 25)
+  cache = 'gs://test-bucket/cache-run/tokenizer/token_cache'
+  in_memory = token_cache.tokenized_split(config, 'train', tok, tok)
+  expected = next(pipeline.translation_train_batches(config, tok, tok))
+  token_cache.tokenized_split(config, 'train', tok, tok, cache)
+  (folder,) = paths.list_dir(cache)
+  assert 'manifest.json' in paths.list_dir(paths.join(cache, folder))
+  token_cache._open_splits.clear()
+  monkeypatch.setattr(sources, 'iter_split', lambda *a: pytest.fail('read'))
+  remote = token_cache.tokenized_split(config, 'train', tok, tok, cache)
+  assert isinstance(remote.source.shards[0], token_cache.RemoteNpy)
+  rows = np.array([24, 25, 59, 0, 24])
+  for got, want in zip(remote.gather(rows, 5, 40), in_memory.gather(rows, 5, 40)):
+    np.testing.assert_array_equal(got, want)
+  batch = next(pipeline.translation_train_batches(config, tok, tok,
+                                                  token_cache=cache))
+  for key in expected:
+    np.testing.assert_array_equal(batch[key], expected[key], err_msg=key)
+  no_gs_folder(tmp_path, os.getcwd())
+
+
 def test_metrics_and_tensorboard_events_are_readable_by_tensorflow(
     tmp_path, gcs_emulator):
   import tensorflow as tf
@@ -272,7 +307,10 @@ def test_two_processes_train_into_one_gs_workdir_and_resume(tmp_path,
   assert committed_steps(workdir) == [10]
   state = paths.join(workdir, 'checkpoints', '10', 'state')
   assert {'ocdbt.process_0', 'ocdbt.process_1'} <= set(paths.list_dir(state))
-  assert paths.list_dir(paths.join(workdir, 'tokenizer')) == ['joint.model']
+  assert paths.list_dir(paths.join(workdir, 'tokenizer')) == [
+      'joint.model', 'token_cache']
+  cached = paths.list_dir(paths.join(workdir, 'tokenizer', 'token_cache'))
+  assert [name.split('-')[0] for name in cached] == ['dev', 'train'], cached
 
   output = train_two_processes(workdir, tmp_path, environment, 12, 'second')
   assert 'Resuming from the checkpoint of step 10' in output

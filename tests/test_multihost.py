@@ -14,6 +14,7 @@ import subprocess
 import sys
 import time
 
+import numpy as np
 import pytest
 
 from jaxformer import config as config_lib
@@ -145,6 +146,40 @@ def eval_records(workdir) -> list[dict]:
   return [r for r in read_metrics(workdir) if 'eval_loss' in r]
 
 
+@pytest.mark.slow
+def test_one_and_two_processes_read_the_same_global_batches(tmp_path):
+  """1 x 4 and 2 x 2 devices: the same global batches from the input
+  pipeline (each process reads its rows from its run's token cache, which
+  process 0 writes), without training."""
+  from jaxformer.data import builtin
+  from jaxformer.data import tokenizer as tokenizer_lib
+  tok_config = config_lib.default_config().data.tokenizer
+  tok_config.vocab_size = 200
+  tokenizer_lib.train_tokenizer(
+      [text for pair in builtin.generate(600, 0, 'train') for text in pair],
+      str(tmp_path / 'joint'), tok_config)
+  script = [sys.executable, str(REPO / 'tests' / 'global_batches.py'),
+            str(tmp_path / 'joint.model')]
+  single = subprocess.run(
+      [*script, str(tmp_path / 'cache1'), str(tmp_path / 'one.npz')],
+      env=dict(os.environ, JAX_PLATFORMS='cpu',
+               XLA_FLAGS='--xla_force_host_platform_device_count=4'),
+      capture_output=True, text=True, timeout=RUN_TIMEOUT)
+  assert single.returncode == 0, single.stderr[-4000:]
+  port = free_port()
+  pair = [subprocess.Popen(
+      [*script, str(tmp_path / 'cache2'), str(tmp_path / 'two.npz')],
+      env=process_env(port, index), stdout=subprocess.DEVNULL,
+      stderr=subprocess.PIPE, text=True) for index in range(2)]
+  for index, process in enumerate(pair):
+    _, errors = process.communicate(timeout=RUN_TIMEOUT)
+    assert process.returncode == 0, f'process {index}:\n{errors[-4000:]}'
+  one, two = np.load(tmp_path / 'one.npz'), np.load(tmp_path / 'two.npz')
+  assert sorted(one) == sorted(two) and len(one) == 3 * (6 + 2)
+  for key in one:
+    np.testing.assert_array_equal(one[key], two[key], err_msg=key)
+
+
 @pytest.fixture(scope='module')
 def one_process(tmp_path_factory):
   """1 process x 4 devices, 10 steps (it trains the tokenizer)."""
@@ -179,7 +214,11 @@ def test_two_processes_train_exactly_like_one(one_process, two_processes):
   assert eval_two['eval_loss'] == pytest.approx(eval_one['eval_loss'], abs=1e-5)
   assert eval_two['eval_accuracy'] == pytest.approx(eval_one['eval_accuracy'],
                                                     abs=1e-6)
-  assert sorted(os.listdir(two_processes / 'tokenizer')) == ['joint.model']
+  # Process 0 alone wrote the token cache beside the tokenizer.
+  assert sorted(os.listdir(two_processes / 'tokenizer')) == [
+      'joint.model', 'token_cache']
+  cached = sorted(os.listdir(two_processes / 'tokenizer' / 'token_cache'))
+  assert [name.split('-')[0] for name in cached] == ['dev', 'train'], cached
   assert json.loads((two_processes / 'config.json').read_text())['train'][
       'num_steps'] == 10
 

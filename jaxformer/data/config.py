@@ -43,4 +43,9 @@ def default_data_config() -> ml_collections.ConfigDict:
       # data); 0 keeps the file order.
       shuffle_buffer=10000,
       seed=0,
+      # Tokenise each split once into sharded .npy files, reused by resumes
+      # and later runs on the same data and tokenizer (data/token_cache.py);
+      # False tokenises in memory at every start.
+      token_cache=True,
+      token_cache_dir='',  # '' = <workdir>/tokenizer/token_cache; or gs://...
   ))

@@ -1,11 +1,13 @@
-"""Training and evaluation batches as tf.data pipelines over pre-tokenised arrays.
+"""Translation batches for training and evaluation, as tf.data pipelines
+over tokenised splits.
 
 Design
 ------
-A split is read and tokenised once (SentencePiece's batched C++ encoder, no
-Python call per example on the hot path) into flat token arrays plus row
-splits (`TokenizedSplit`), kept in a small in-memory cache.  tf.data then works
-on those arrays with vectorised TensorFlow ops only.
+A split is tokenised once (token_cache.py: SentencePiece's batched encoder,
+into sharded .npy files in the run's token cache, or in memory).  The plan
+of every batch is computed from the examples' lengths alone, with
+vectorised TensorFlow ops; a batch then reads the token ids of its own rows
+only (`gather_examples`).
 
 Training is a sequence of epochs.  Epoch e visits the examples in a seeded
 permutation (`stateless_shuffle` with seed (seed, e)), so batch k is a pure
@@ -31,142 +33,40 @@ in parallel on the CPU cores, and moves no tokens.  That is about 1 us per
 example skipped on one busy core: ~10 s to resume the built-in data (80
 examples per batch) at step 100k on 2 cores.
 
-Memory: the token arrays (int32) live in host memory, captured by the tf.data
-graph: ~4 bytes per token and side, ~1.3 GB for WMT14 en-de.  Arrays over
-2 GB per side are untested; such corpora would want a sharded on-disk cache.
+Memory: the lengths of all examples (4 bytes per example and side) and the
+plan of the current epoch (about 30 bytes per example for 'pack') live in
+host memory; token ids are read per batch, memory-mapped from a local cache
+or by ranged reads from a remote one (in memory only without a cache).
 """
 
 from __future__ import annotations
 
-import collections
-import dataclasses
-import hashlib
-import itertools
-import json
-from collections.abc import Iterator, Sequence
+import os
+from collections.abc import Iterator
 
 import ml_collections
 import numpy as np
 import tensorflow as tf
 
-from jaxformer import paths
 from jaxformer.data import sources
+from jaxformer.data import token_cache as token_cache_lib
 from jaxformer.data import tokenizer as tokenizer_lib
+from jaxformer.data.token_cache import TokenizedSplit
 
 Batch = dict[str, np.ndarray]
-_CACHE_SIZE = 4
 _BUCKET_GRANULARITY = 8
-
-
-# ---------------------------------------------------------------- tokenising
-
-
-@dataclasses.dataclass(frozen=True)
-class TokenizedSplit:
-  """Token ids of a split's examples, concatenated per side.
-
-  Example i's source is source_tokens[source_splits[i]:source_splits[i + 1]]
-  and ends with EOS_ID; the same holds for the target.
-  """
-  source_tokens: np.ndarray  # [total source tokens] int32
-  source_splits: np.ndarray  # [examples + 1] int64
-  target_tokens: np.ndarray  # [total target tokens] int32
-  target_splits: np.ndarray  # [examples + 1] int64
-
-  @property
-  def num_examples(self) -> int:
-    return len(self.source_splits) - 1
-
-  @property
-  def source_lengths(self) -> np.ndarray:
-    return np.diff(self.source_splits).astype(np.int32)
-
-  @property
-  def target_lengths(self) -> np.ndarray:
-    return np.diff(self.target_splits).astype(np.int32)
-
-
-def _flatten(token_lists: list[list[int]]) -> tuple[np.ndarray, np.ndarray]:
-  """[examples, (length)] lists -> (tokens [total] int32, splits [examples + 1])."""
-  lengths = np.fromiter(map(len, token_lists), np.int64, len(token_lists))
-  splits = np.concatenate([[0], np.cumsum(lengths)])
-  tokens = np.fromiter(itertools.chain.from_iterable(token_lists), np.int32,
-                       int(splits[-1]))
-  return tokens, splits
-
-
-def tokenize_pairs(pairs: Sequence[tuple[str, str]],
-                   source_tok: tokenizer_lib.Tokenizer,
-                   target_tok: tokenizer_lib.Tokenizer) -> TokenizedSplit:
-  """Encodes (source, target) pairs, each side ending with EOS_ID."""
-  source_texts, target_texts = zip(*pairs) if pairs else ((), ())
-  return TokenizedSplit(*_flatten(source_tok.encode(source_texts)),
-                        *_flatten(target_tok.encode(target_texts)))
-
-
-def _select_ragged(tokens: np.ndarray, splits: np.ndarray, rows: np.ndarray,
-                   max_length: int | None = None) -> tuple[np.ndarray, np.ndarray]:
-  """Rows `rows` of a ragged array, each cut to `max_length` ending in EOS_ID."""
-  starts = splits[:-1][rows]
-  lengths = np.diff(splits)[rows]
-  if max_length is not None:
-    lengths = np.minimum(lengths, max_length)
-  new_splits = np.concatenate([[0], np.cumsum(lengths)])
-  offsets = np.arange(new_splits[-1]) - np.repeat(new_splits[:-1], lengths)
-  selected = tokens[np.repeat(starts, lengths) + offsets]
-  if max_length is not None and len(rows):
-    selected[new_splits[1:][lengths > 0] - 1] = tokenizer_lib.EOS_ID
-  return selected, new_splits
-
-
-def select_examples(examples: TokenizedSplit, rows: np.ndarray,
-                    max_source_length: int | None = None,
-                    max_target_length: int | None = None) -> TokenizedSplit:
-  """Examples `rows` [k], optionally truncated to the max lengths (EOS kept)."""
-  return TokenizedSplit(
-      *_select_ragged(examples.source_tokens, examples.source_splits, rows,
-                      max_source_length),
-      *_select_ragged(examples.target_tokens, examples.target_splits, rows,
-                      max_target_length))
-
-
-def _fingerprint(data_config: ml_collections.ConfigDict, split: str,
-                 source_tok: tokenizer_lib.Tokenizer,
-                 target_tok: tokenizer_lib.Tokenizer) -> str:
-  settings = data_config.to_dict()
-  reading = {key: settings.get(key) for key in ('source', data_config.source)}
-  files = [path for path in reading.get(data_config.source, {}).values()
-           if isinstance(path, str) and path and paths.exists(path)]
-  stamps = [(path, *paths.stat(path)) for path in files]  # Rewritten: read again.
-  digest = hashlib.sha256(json.dumps([reading, split, stamps], default=str).encode())
-  digest.update(source_tok.serialized_model_proto())
-  digest.update(target_tok.serialized_model_proto())
-  return digest.hexdigest()
-
-
-_tokenized_cache: collections.OrderedDict[str, TokenizedSplit] = (
-    collections.OrderedDict())
-
-
-def tokenized_split(data_config: ml_collections.ConfigDict, split: str,
-                    source_tok: tokenizer_lib.Tokenizer,
-                    target_tok: tokenizer_lib.Tokenizer) -> TokenizedSplit:
-  """A whole split, read and tokenised once per process (cached in memory)."""
-  key = _fingerprint(data_config, split, source_tok, target_tok)
-  if key not in _tokenized_cache:
-    pairs = sources.read_split(data_config, split)
-    _tokenized_cache[key] = tokenize_pairs(pairs, source_tok, target_tok)
-    while len(_tokenized_cache) > _CACHE_SIZE:
-      _tokenized_cache.popitem(last=False)
-  _tokenized_cache.move_to_end(key)
-  return _tokenized_cache[key]
+_PLAN_EXAMPLES = 1 << 22  # examples planned at once when resuming
 
 
 def training_examples(data_config: ml_collections.ConfigDict,
                       source_tok: tokenizer_lib.Tokenizer,
-                      target_tok: tokenizer_lib.Tokenizer) -> TokenizedSplit:
+                      target_tok: tokenizer_lib.Tokenizer,
+                      token_cache: str | None = None, process_index: int = 0
+                      ) -> TokenizedSplit:
   """The train split without examples longer than the max lengths."""
-  examples = tokenized_split(data_config, 'train', source_tok, target_tok)
+  examples = token_cache_lib.tokenized_split(
+      data_config, 'train', source_tok, target_tok, token_cache,
+      process_index=process_index)
   fits = ((examples.source_lengths <= data_config.max_source_length) &
           (examples.target_lengths <= data_config.max_target_length))
   if not fits.any():
@@ -174,16 +74,43 @@ def training_examples(data_config: ml_collections.ConfigDict,
         f'all {examples.num_examples} training examples are longer than '
         f'max_source_length={data_config.max_source_length} or '
         f'max_target_length={data_config.max_target_length} tokens; raise them')
-  return select_examples(examples, np.flatnonzero(fits))
+  return examples if fits.all() else examples.subset(np.flatnonzero(fits))
+
+
+def train_rows_per_process(batch_size: int, process_count: int) -> int:
+  """Rows of each process in a training batch: an exact share."""
+  if batch_size % process_count:
+    raise ValueError(f'data.batch_size={batch_size} is not divisible by the '
+                     f'{process_count} processes; make it a multiple')
+  return batch_size // process_count
+
+
+def eval_rows_per_process(batch_size: int, process_count: int) -> int:
+  """Rows of each process in an evaluation batch: the global batch is
+  rounded up to a multiple of the process count (the extra rows pad)."""
+  return -(-batch_size // process_count)
 
 
 # ---------------------------------------------------------- tensorflow ops
 
 
-def _ragged_constant(tokens: np.ndarray, splits: np.ndarray) -> tf.RaggedTensor:
-  return tf.RaggedTensor.from_row_splits(tf.constant(tokens),
-                                         tf.constant(splits, tf.int64),
-                                         validate=False)
+def gather_examples(examples: TokenizedSplit, rows: tf.Tensor,
+                    max_source_length: int | None = None,
+                    max_target_length: int | None = None
+                    ) -> tuple[tf.RaggedTensor, tf.RaggedTensor]:
+  """Examples `rows` [k] int32 as (source, target) [k, (length)] int32,
+  read from `examples` (the token cache) when the batch is made; cut to the
+  max lengths (keeping EOS) when given."""
+  def read(rows):
+    return examples.gather(rows, max_source_length, max_target_length)
+
+  source, source_splits, target, target_splits = tf.numpy_function(
+      read, [rows], [tf.int32, tf.int64, tf.int32, tf.int64], stateful=False)
+  return tuple(
+      tf.RaggedTensor.from_row_splits(tf.ensure_shape(tokens, [None]),
+                                      tf.ensure_shape(splits, [None]),
+                                      validate=False)
+      for tokens, splits in ((source, source_splits), (target, target_splits)))
 
 
 def greedy_row_starts(source_lengths: tf.Tensor, target_lengths: tf.Tensor,
@@ -303,16 +230,20 @@ def packing_plan(source_lengths, target_lengths, max_source_length,
   return order, tf.concat([row_starts, [tf.size(order)]], axis=0)
 
 
-def _locate_step(step: int, batches_in_epoch) -> tuple[int, int]:
+def _locate_step(step: int, batches_in_epoch, num_examples: int
+                 ) -> tuple[int, int]:
   """(epoch, batch within epoch) of global batch number `step`.
 
   `batches_in_epoch(epoch)` is a TensorFlow function, run for successive
-  epochs in parallel on all CPU cores.
+  epochs in parallel on the CPU cores, as many at once as host memory
+  allows (a plan needs ~120 bytes per example while it is computed).
   """
   if step == 0:
     return 0, 0
+  parallel = max(1, min(os.cpu_count() or 1,
+                        _PLAN_EXAMPLES // max(num_examples, 1)))
   counts = tf.data.Dataset.range(np.iinfo(np.int64).max).map(
-      batches_in_epoch, num_parallel_calls=tf.data.AUTOTUNE)
+      batches_in_epoch, num_parallel_calls=parallel)
   for epoch, count in enumerate(counts.as_numpy_iterator()):
     if step < count:
       return epoch, step
@@ -335,22 +266,13 @@ def _batches_from(first_epoch: int, first_batch: int, epoch_plan, batches_of_epo
 # ------------------------------------------------------------------ training
 
 
-def _rows_per_process(global_rows: int, process_count: int, what: str) -> int:
-  if global_rows % process_count:
-    raise ValueError(f'{what}={global_rows} is not divisible by the '
-                     f'{process_count} processes; change one of them')
-  return global_rows // process_count
-
-
 def _packed_dataset(examples: TokenizedSplit, data_config, start_step: int,
                     process_index: int, process_count: int,
                     row_multiple: int) -> tf.data.Dataset:
   del row_multiple  # data.batch_size is the user's; see check_batch_shapes.
   batch_size = data_config.batch_size
-  rows = _rows_per_process(batch_size, process_count, 'data.batch_size')
+  rows = train_rows_per_process(batch_size, process_count)
   max_source, max_target = data_config.max_source_length, data_config.max_target_length
-  source = _ragged_constant(examples.source_tokens, examples.source_splits)
-  target = _ragged_constant(examples.target_tokens, examples.target_splits)
   source_lengths = tf.constant(examples.source_lengths)
   target_lengths = tf.constant(examples.target_lengths)
   shuffle = tf.constant(data_config.shuffle_buffer > 0)
@@ -370,12 +292,13 @@ def _packed_dataset(examples: TokenizedSplit, data_config, start_step: int,
     first_row, end_row = tf.minimum(first_row, num_rows), tf.minimum(first_row + rows, num_rows)
     positions = tf.range(row_bounds[first_row], row_bounds[end_row])
     row_of_example = tf.searchsorted(row_bounds, positions, side='right') - 1 - first_row
-    chosen = tf.gather(order, positions)
-    return pack_into_rows(tf.gather(source, chosen), tf.gather(target, chosen),
-                          row_of_example, rows, max_source, max_target)
+    source, target = gather_examples(examples, tf.gather(order, positions))
+    return pack_into_rows(source, target, row_of_example, rows, max_source,
+                          max_target)
 
   first_epoch, first_batch = _locate_step(
-      start_step, lambda epoch: batches_of_epoch(epoch_plan(epoch)))
+      start_step, lambda epoch: batches_of_epoch(epoch_plan(epoch)),
+      examples.num_examples)
   plans = _batches_from(first_epoch, first_batch, epoch_plan, batches_of_epoch)
   return plans.map(make_batch, num_parallel_calls=tf.data.AUTOTUNE)
 
@@ -449,8 +372,6 @@ def _bucketed_dataset(examples: TokenizedSplit, data_config, start_step: int,
   rows_of_bucket = tf.constant(-(-global_rows // process_count), tf.int32)
   source_width_of_bucket = tf.constant(np.minimum(widths, max_source), tf.int32)
   target_width_of_bucket = tf.constant(np.minimum(widths, max_target), tf.int32)
-  source = _ragged_constant(examples.source_tokens, examples.source_splits)
-  target = _ragged_constant(examples.target_tokens, examples.target_splits)
   buckets = tf.constant(example_buckets, tf.int32)
   batch_table = tf.constant(batch_table)
   num_examples, num_batches = examples.num_examples, int(batch_table.shape[0])
@@ -468,8 +389,8 @@ def _bucketed_dataset(examples: TokenizedSplit, data_config, start_step: int,
     mine = tf.range(tf.minimum(process_index * rows, count),
                     tf.minimum((process_index + 1) * rows, count))
     chosen = tf.gather(by_bucket, first + mine)
-    return pack_into_rows(tf.gather(source, chosen), tf.gather(target, chosen),
-                          tf.range(tf.size(chosen)), rows,
+    source, target = gather_examples(examples, chosen)
+    return pack_into_rows(source, target, tf.range(tf.size(chosen)), rows,
                           source_width_of_bucket[bucket], target_width_of_bucket[bucket])
 
   first_epoch, first_batch = divmod(start_step, num_batches)
@@ -478,8 +399,11 @@ def _bucketed_dataset(examples: TokenizedSplit, data_config, start_step: int,
   return plans.map(make_batch, num_parallel_calls=tf.data.AUTOTUNE)
 
 
-def _hide_accelerators_from_tensorflow() -> None:
-  """Keeps TensorFlow on the CPU so that it leaves GPU/TPU memory to JAX."""
+def _start_tensorflow(process_index: int, process_count: int) -> None:
+  """Checks the process index; keeps TensorFlow on the CPU so that it leaves
+  GPU/TPU memory to JAX."""
+  if not 0 <= process_index < process_count:
+    raise ValueError(f'process_index {process_index} is not in [0, {process_count})')
   try:
     tf.config.set_visible_devices([], 'GPU')
     tf.config.set_visible_devices([], 'TPU')
@@ -493,11 +417,11 @@ def _as_numpy(dataset: tf.data.Dataset) -> Iterator[Batch]:
   return dataset.with_options(options).prefetch(tf.data.AUTOTUNE).as_numpy_iterator()
 
 
-def train_batches(data_config: ml_collections.ConfigDict,
-                  source_tok: tokenizer_lib.Tokenizer,
-                  target_tok: tokenizer_lib.Tokenizer, *, start_step: int = 0,
-                  process_index: int = 0, process_count: int = 1,
-                  row_multiple: int = 1) -> Iterator[Batch]:
+def translation_train_batches(
+    data_config: ml_collections.ConfigDict, source_tok: tokenizer_lib.Tokenizer,
+    target_tok: tokenizer_lib.Tokenizer, *, start_step: int = 0,
+    process_index: int = 0, process_count: int = 1, row_multiple: int = 1,
+    token_cache: str | None = None) -> Iterator[Batch]:
   """This process's share of global batches start_step, start_step + 1, ...
 
   Infinite and deterministic for a given config and row_multiple: batch k
@@ -505,7 +429,9 @@ def train_batches(data_config: ml_collections.ConfigDict,
   process_count, max_*_length]; 'bucket' batches are [ceil(rows /
   process_count), width] with rows from `bucket_rows(tokens_per_batch,
   widths, row_multiple)` and width one of `bucket_lengths` (capped by each
-  side's max length), the same on every process at each step.
+  side's max length), the same on every process at each step.  The split
+  is tokenised once into `token_cache` (a directory, see token_cache.py), or
+  in memory when None; each batch reads only the token ids of its rows.
 
   Yields:
     'inputs', 'inputs_segment_ids', 'inputs_positions' [rows, source_width]
@@ -513,14 +439,13 @@ def train_batches(data_config: ml_collections.ConfigDict,
     target_width], int32.  Padding is 0 with segment id 0; positions restart
     at 0 in each segment.
   """
-  if not 0 <= process_index < process_count:
-    raise ValueError(f'process_index {process_index} is not in [0, {process_count})')
   builders = {'pack': _packed_dataset, 'bucket': _bucketed_dataset}
   if data_config.batching not in builders:
     raise ValueError(f"data.batching must be 'pack' or 'bucket', got "
                      f'{data_config.batching!r}')
-  _hide_accelerators_from_tensorflow()
-  examples = training_examples(data_config, source_tok, target_tok)
+  _start_tensorflow(process_index, process_count)
+  examples = training_examples(data_config, source_tok, target_tok,
+                               token_cache, process_index)
   dataset = builders[data_config.batching](examples, data_config, start_step,
                                            process_index, process_count,
                                            row_multiple)
@@ -530,43 +455,42 @@ def train_batches(data_config: ml_collections.ConfigDict,
 # ---------------------------------------------------------------- evaluation
 
 
-def eval_batches(data_config: ml_collections.ConfigDict,
-                 source_tok: tokenizer_lib.Tokenizer,
-                 target_tok: tokenizer_lib.Tokenizer, split: str, *,
-                 batch_size: int | None = None, process_index: int = 0,
-                 process_count: int = 1) -> Iterator[Batch]:
+def translation_eval_batches(
+    data_config: ml_collections.ConfigDict, source_tok: tokenizer_lib.Tokenizer,
+    target_tok: tokenizer_lib.Tokenizer, split: str, *,
+    batch_size: int | None = None, process_index: int = 0,
+    process_count: int = 1, token_cache: str | None = None) -> Iterator[Batch]:
   """Every example of `split` exactly once across processes, in order.
 
   Global batch b holds examples [b * R * P, (b + 1) * R * P) with R =
   ceil(batch_size / process_count) rows per process and P processes; process p
   takes the p-th group of R.  Rows past the end are padding.  Every process
   yields the same number of [R, max_*_length] batches.  Examples longer than
-  the max lengths are truncated, keeping their final EOS_ID.
+  the max lengths are truncated, keeping their final EOS_ID.  `token_cache`
+  as for `translation_train_batches`.
 
   Yields:
-    The keys of `train_batches` (one example per row, segment id 1) plus
+    The keys of `translation_train_batches` (one example per row, segment id 1) plus
     'example_index' [R] int32: the example's index in the split, -1 for
     padding rows.
   """
-  if not 0 <= process_index < process_count:
-    raise ValueError(f'process_index {process_index} is not in [0, {process_count})')
-  _hide_accelerators_from_tensorflow()
+  _start_tensorflow(process_index, process_count)
   max_source, max_target = data_config.max_source_length, data_config.max_target_length
-  examples = tokenized_split(data_config, split, source_tok, target_tok)
-  examples = select_examples(examples, np.arange(examples.num_examples),
-                             max_source, max_target)
-  rows = -(-(batch_size or data_config.batch_size) // process_count)
+  examples = token_cache_lib.tokenized_split(
+      data_config, split, source_tok, target_tok, token_cache,
+      process_index=process_index)
+  rows = eval_rows_per_process(batch_size or data_config.batch_size,
+                               process_count)
   global_rows = rows * process_count
   num_batches = -(-examples.num_examples // global_rows)
-  source = _ragged_constant(examples.source_tokens, examples.source_splits)
-  target = _ragged_constant(examples.target_tokens, examples.target_splits)
 
   def make_batch(batch_number):
     first = tf.cast(batch_number, tf.int32) * global_rows + process_index * rows
     chosen = tf.range(tf.minimum(first, examples.num_examples),
                       tf.minimum(first + rows, examples.num_examples))
-    batch = pack_into_rows(tf.gather(source, chosen), tf.gather(target, chosen),
-                           tf.range(tf.size(chosen)), rows, max_source, max_target)
+    source, target = gather_examples(examples, chosen, max_source, max_target)
+    batch = pack_into_rows(source, target, tf.range(tf.size(chosen)), rows,
+                           max_source, max_target)
     batch['example_index'] = tf.pad(chosen, [[0, rows - tf.size(chosen)]],
                                     constant_values=-1)
     return batch

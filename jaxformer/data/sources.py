@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import codecs
 import gzip
+import itertools
 import zlib
 from collections.abc import Iterable, Iterator
 
@@ -64,18 +65,6 @@ def read_bytes(path: str) -> bytes:
   return data
 
 
-def _decode_utf8(path: str, data: bytes) -> str:
-  if data.startswith(codecs.BOM_UTF8):
-    data = data[len(codecs.BOM_UTF8):]
-  try:
-    return data.decode('utf-8')
-  except UnicodeDecodeError as e:
-    line = data.count(b'\n', 0, e.start) + 1
-    raise DataError(
-        f'{path}:{line}: invalid UTF-8 ({e.reason} at byte {e.start}); '
-        're-encode the file as UTF-8, e.g. `iconv -f latin1 -t utf-8`') from None
-
-
 def decode_lines(lines: Iterable[bytes], name: str, errors: str = 'strict',
                  fix: str = '') -> Iterator[str]:
   """`lines` (bytes, e.g. a binary stream) as text without line endings.
@@ -96,16 +85,85 @@ def decode_lines(lines: Iterable[bytes], name: str, errors: str = 'strict',
     yield text.rstrip('\r\n')
 
 
-def read_lines(path: str) -> list[str]:
-  """The lines of a UTF-8 text file (plain or .gz), without line endings."""
-  text = _decode_utf8(path, read_bytes(path))
-  if not text or text.isspace():
+_BLOCK_BYTES = 1 << 24
+
+
+def _binary_stream(path: str):
+  """An open binary stream of `path`, gunzipping if its name ends in '.gz'."""
+  try:
+    stream = paths.open_bytes(path)
+  except FileNotFoundError:
+    raise MissingFileError(
+        f'{path}: no such file; check the path in the data config') from None
+  except IsADirectoryError:
+    raise DataError(f'{path}: is a directory; name a file in the data '
+                    'config') from None
+  except Exception as e:  # Storage clients raise many types.
+    raise DataError(f'{path}: cannot read it: {type(e).__name__}: '
+                    f'{str(e).splitlines()[0] if str(e) else ""}') from None
+  return gzip.GzipFile(fileobj=stream, mode='rb') if path.endswith('.gz') else stream
+
+
+def _blocks(path: str) -> Iterator[bytes]:
+  """The bytes of `path` (gunzipped), in blocks that each end after a
+  newline, except perhaps the last."""
+  with _binary_stream(path) as stream:
+    rest = b''
+    while True:
+      try:
+        block = stream.read(_BLOCK_BYTES)
+      except (OSError, EOFError, zlib.error) as e:
+        if not path.endswith('.gz'):
+          raise DataError(f'{path}: cannot read it: {type(e).__name__}: '
+                          f'{e}') from None
+        raise DataError(f'{path}: not a valid gzip file ({e}); decompress it '
+                        'or drop the .gz suffix if it is plain text') from None
+      if not block:
+        break
+      end = block.rfind(b'\n') + 1
+      if not end:
+        rest += block
+        continue
+      yield rest + block[:end]
+      rest = block[end:]
+    if rest:
+      yield rest
+
+
+def iter_lines(path: str) -> Iterator[str]:
+  """The lines of a UTF-8 text file (plain or .gz), without line endings
+  ('\\n' or '\\r\\n'), read block by block (the file is never whole in
+  memory)."""
+  offset = lines_before = 0
+  blank = True
+  for block in _blocks(path):
+    start = len(codecs.BOM_UTF8) if offset == 0 and block.startswith(
+        codecs.BOM_UTF8) else 0
+    try:
+      text = block[start:].decode('utf-8')
+    except UnicodeDecodeError as e:
+      line = lines_before + block.count(b'\n', 0, start + e.start) + 1
+      raise DataError(
+          f'{path}:{line}: invalid UTF-8 ({e.reason} at byte '
+          f'{offset + start + e.start}); re-encode the file as UTF-8, e.g. '
+          '`iconv -f latin1 -t utf-8`') from None
+    offset += len(block)
+    lines = text.split('\n')
+    last = lines.pop()  # '' after a final newline, else the unended line.
+    lines_before += len(lines)
+    blank = blank and (not text or text.isspace())
+    for line in lines:
+      yield line[:-1] if line.endswith('\r') else line
+    if last:
+      yield last
+  if blank:
     raise DataError(f'{path}: the file is empty; point the data config at a '
                     'file with one example per line')
-  lines = text.replace('\r\n', '\n').split('\n')
-  if lines[-1] == '':
-    lines.pop()
-  return lines
+
+
+def read_lines(path: str) -> list[str]:
+  """All lines of `iter_lines(path)`."""
+  return list(iter_lines(path))
 
 
 def _configured_path(paths: ml_collections.ConfigDict, group: str, key: str) -> str:
@@ -124,10 +182,10 @@ def _read_builtin(data_config: ml_collections.ConfigDict, split: str) -> list[Pa
                                split)
 
 
-def _read_text(data_config: ml_collections.ConfigDict, split: str) -> list[Pair]:
+def _read_text(data_config: ml_collections.ConfigDict, split: str) -> Iterator[Pair]:
   """One document per non-blank line, paired with '' (language modelling)."""
   path = _configured_path(data_config.text, 'text', split)
-  return [(line, '') for line in read_lines(path) if line.strip()]
+  return ((line, '') for line in iter_lines(path) if line.strip())
 
 
 def _tsv_error(path: str, line_number: int, num_tabs: int) -> DataError:
@@ -138,25 +196,29 @@ def _tsv_error(path: str, line_number: int, num_tabs: int) -> DataError:
       'sentences, and blank lines)')
 
 
-def _read_tsv(data_config: ml_collections.ConfigDict, split: str) -> list[Pair]:
+def _read_tsv(data_config: ml_collections.ConfigDict, split: str) -> Iterator[Pair]:
   path = _configured_path(data_config.tsv, 'tsv', split)
-  rows = [line.partition('\t') for line in read_lines(path)]
-  for line_number, (_, tab, target) in enumerate(rows, start=1):
+  for line_number, line in enumerate(iter_lines(path), start=1):
+    source, tab, target = line.partition('\t')
     if not tab or '\t' in target:
       raise _tsv_error(path, line_number, len(tab) + target.count('\t'))
-  return [(source, target) for source, _, target in rows]
+    yield source, target
 
 
-def _read_file_pair(data_config: ml_collections.ConfigDict, split: str) -> list[Pair]:
+def _read_file_pair(data_config: ml_collections.ConfigDict, split: str
+                    ) -> Iterator[Pair]:
   source_path = _configured_path(data_config.files, 'files', f'{split}_source')
   target_path = _configured_path(data_config.files, 'files', f'{split}_target')
-  sources, targets = read_lines(source_path), read_lines(target_path)
-  if len(sources) != len(targets):
-    raise DataError(
-        f'{source_path} has {len(sources)} lines but {target_path} has '
-        f'{len(targets)}; the files must be line-aligned (line i of one '
-        'translates line i of the other)')
-  return list(zip(sources, targets))
+  lines = itertools.zip_longest(iter_lines(source_path), iter_lines(target_path))
+  for number, pair in enumerate(lines):
+    if None in pair:
+      longer = number + 1 + sum(1 for _ in lines)
+      counts = (number, longer) if pair[0] is None else (longer, number)
+      raise DataError(
+          f'{source_path} has {counts[0]} lines but {target_path} has '
+          f'{counts[1]}; the files must be line-aligned (line i of one '
+          'translates line i of the other)')
+    yield pair
 
 
 def _tfds_builder(settings: ml_collections.ConfigDict):
@@ -215,15 +277,34 @@ _READERS = {
 }
 
 
-def read_split(data_config: ml_collections.ConfigDict, split: str) -> list[Pair]:
-  """All (source, target) sentence pairs of `split` ('train', 'dev' or 'test')."""
+def iter_split(data_config: ml_collections.ConfigDict, split: str
+               ) -> Iterator[Pair]:
+  """The (source, target) pairs of `split` ('train', 'dev' or 'test') one by
+  one; files are read block by block, never whole.  Raises DataError at the
+  first bad line, or at the end if there was no pair."""
   if split not in SPLITS:
     raise DataError(f'split must be one of {SPLITS}, got {split!r}')
   if data_config.source not in _READERS:
     raise DataError(f'unknown data.source {data_config.source!r}; use one of '
                     f'{tuple(_READERS)}')
-  pairs = _READERS[data_config.source](data_config, split)
-  if not pairs:
+  empty = True
+  for pair in _READERS[data_config.source](data_config, split):
+    empty = False
+    yield pair
+  if empty:
     raise DataError(f'the {split} split of data.source={data_config.source!r} '
                     'has no examples; check its size or files')
-  return pairs
+
+
+def read_split(data_config: ml_collections.ConfigDict, split: str) -> list[Pair]:
+  """All (source, target) sentence pairs of `split` ('train', 'dev' or 'test')."""
+  return list(iter_split(data_config, split))
+
+
+def split_files(data_config: ml_collections.ConfigDict, split: str) -> list[str]:
+  """The files that `split` is read from ([] for 'builtin' and 'tfds')."""
+  settings = data_config.get(data_config.source)
+  keys = {'tsv': [split], 'text': [split],
+          'files': [f'{split}_source', f'{split}_target']}
+  return [settings[key] for key in keys.get(data_config.source, [])
+          if settings.get(key)]

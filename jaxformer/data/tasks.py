@@ -166,19 +166,12 @@ def _take(rows: dict[str, np.ndarray], chosen: np.ndarray, count: int) -> Batch:
   return batch
 
 
-def _rows_per_process(batch_size: int, process_count: int) -> int:
-  if batch_size % process_count:
-    raise ValueError(f'data.batch_size={batch_size} is not divisible by the '
-                     f'{process_count} processes; make it a multiple')
-  return batch_size // process_count
-
-
 def row_train_batches(rows: dict[str, np.ndarray], batch_size: int, seed: int,
                       *, start_step: int = 0, process_index: int = 0,
                       process_count: int = 1) -> Iterator[Batch]:
   """Endless training batches of this process's rows, from batch `start_step`."""
   num_rows = len(next(iter(rows.values())))
-  per_process = _rows_per_process(batch_size, process_count)
+  per_process = pipeline.train_rows_per_process(batch_size, process_count)
   batches_per_epoch = -(-num_rows // batch_size)
   step = start_step
   while True:
@@ -194,7 +187,7 @@ def row_eval_batches(rows: dict[str, np.ndarray], batch_size: int, *,
                      ) -> Iterator[Batch]:
   """Every row once, in order; padding rows have 'example_index' -1."""
   num_rows = len(next(iter(rows.values())))
-  per_process = -(-batch_size // process_count)
+  per_process = pipeline.eval_rows_per_process(batch_size, process_count)
   global_rows = per_process * process_count
   for start in range(0, num_rows, global_rows):
     first = min(start + process_index * per_process, num_rows)
@@ -209,15 +202,17 @@ def train_batches(config: ml_collections.ConfigDict,
                   source_tok: tokenizer_lib.Tokenizer,
                   target_tok: tokenizer_lib.Tokenizer, *, start_step: int = 0,
                   process_index: int = 0, process_count: int = 1,
-                  row_multiple: int = 1) -> Iterator[Batch]:
+                  row_multiple: int = 1, token_cache: str | None = None
+                  ) -> Iterator[Batch]:
   """Training batches of `config.task`, from global batch `start_step` on;
   'bucket' batches have a multiple of `row_multiple` rows, one example
-  each, and no '*_segment_ids' / '*_positions'."""
+  each, and no '*_segment_ids' / '*_positions'. Translation tokenises into
+  `token_cache` (a directory; None: in memory)."""
   if config.task not in ROW_LAYOUTS:
-    batches = pipeline.train_batches(
+    batches = pipeline.translation_train_batches(
         config.data, source_tok, target_tok, start_step=start_step,
         process_index=process_index, process_count=process_count,
-        row_multiple=row_multiple)
+        row_multiple=row_multiple, token_cache=token_cache)
     if config.data.batching == 'bucket':
       return map(_without_packing, batches)
     return batches
@@ -263,7 +258,8 @@ def check_batch_shapes(config: ml_collections.ConfigDict, row_shards: int,
   """
   multiple = row_multiple(config, row_shards)
   shapes = train_batch_shapes(config, row_shards)
-  eval_rows = -(-int(config.data.batch_size) // process_count) * process_count
+  eval_rows = pipeline.eval_rows_per_process(
+      int(config.data.batch_size), process_count) * process_count
   microbatches = (f'{row_shards} row shards (mesh.data x mesh.fsdp) x '
                   f'{config.train.grad_accum_steps} microbatches '
                   '(train.grad_accum_steps)')
@@ -283,13 +279,15 @@ def check_batch_shapes(config: ml_collections.ConfigDict, row_shards: int,
 def eval_batches(config: ml_collections.ConfigDict,
                  source_tok: tokenizer_lib.Tokenizer,
                  target_tok: tokenizer_lib.Tokenizer, split: str, *,
-                 process_index: int = 0, process_count: int = 1
-                 ) -> Iterator[Batch]:
-  """Evaluation batches of `config.task` over the whole `split`."""
+                 process_index: int = 0, process_count: int = 1,
+                 token_cache: str | None = None) -> Iterator[Batch]:
+  """Evaluation batches of `config.task` over the whole `split`
+  (`token_cache` as for `train_batches`)."""
   if config.task not in ROW_LAYOUTS:
-    return pipeline.eval_batches(
+    return pipeline.translation_eval_batches(
         config.data, source_tok, target_tok, split,
-        process_index=process_index, process_count=process_count)
+        process_index=process_index, process_count=process_count,
+        token_cache=token_cache)
   return row_eval_batches(task_rows(config, split, source_tok),
                           config.data.batch_size, process_index=process_index,
                           process_count=process_count)

@@ -18,6 +18,7 @@ from jaxformer import parallel
 from jaxformer import paths
 from jaxformer import trained as trained_lib
 from jaxformer.data import tasks as data_tasks
+from jaxformer.data import token_cache as token_cache_lib
 from jaxformer.data import tokenizer as tokenizer_lib
 from jaxformer.model import config as model_config_lib
 from jaxformer.tasks import get_task
@@ -164,6 +165,7 @@ class Trainer:
                                   jax.process_count())
     self._set_num_steps(self.config.train.num_steps)
     self.example_batch = self.task.example_batch(self.config)
+    self.token_cache = token_cache_lib.directory(self.config.data, workdir)
     self._check_splits()
 
   def _check_splits(self) -> None:
@@ -175,8 +177,8 @@ class Trainer:
     for split in sorted(splits):
       next(iter(data_tasks.eval_batches(
           self.config, self.source_tok, self.target_tok, split,
-          process_index=jax.process_index(),
-          process_count=jax.process_count())), None)
+          process_index=jax.process_index(), process_count=jax.process_count(),
+          token_cache=self.token_cache)), None)
 
   def _set_num_steps(self, num_steps: int) -> None:
     """The step count, and the schedule and optimizer that follow it."""
@@ -281,7 +283,8 @@ class Trainer:
         config, self.source_tok, self.target_tok, start_step=start_step,
         process_index=jax.process_index(), process_count=jax.process_count(),
         row_multiple=data_tasks.row_multiple(config,
-                                             parallel.row_shards(self.mesh)))
+                                             parallel.row_shards(self.mesh)),
+        token_cache=self.token_cache)
     writer = MetricsWriter(self.workdir, enabled=self.is_main)
     measure_at = self._budget_measure_step(start_step)
     progress = Progress(train.num_steps, start_step, enabled=self.is_main)
@@ -454,7 +457,8 @@ class Trainer:
     totals = None
     batches = data_tasks.eval_batches(
         self.config, self.source_tok, self.target_tok, eval_config.split,
-        process_index=jax.process_index(), process_count=jax.process_count())
+        process_index=jax.process_index(), process_count=jax.process_count(),
+        token_cache=self.token_cache)
     for index, local in enumerate(batches):
       if eval_config.num_batches and index >= eval_config.num_batches:
         break

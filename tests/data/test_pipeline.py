@@ -34,7 +34,7 @@ def tok(tmp_path_factory):
 
 
 def take(config, tok, count, **kwargs):
-  return list(itertools.islice(pipeline.train_batches(config, tok, tok, **kwargs), count))
+  return list(itertools.islice(pipeline.translation_train_batches(config, tok, tok, **kwargs), count))
 
 
 def segments(tokens, segment_ids):
@@ -100,7 +100,7 @@ def test_packed_rows_hold_whole_matching_examples(tok):
 
 def test_one_epoch_visits_every_example_once(tok):
   english = []
-  for batch in pipeline.train_batches(small_config(), tok, tok):
+  for batch in pipeline.translation_train_batches(small_config(), tok, tok):
     for row in range(8):
       english += [tok.decode(ids) for ids in
                   segments(batch['inputs'][row], batch['inputs_segment_ids'][row]).values()]
@@ -182,7 +182,7 @@ def test_bucket_lengths_grow_by_eights_then_quarters():
 @pytest.mark.parametrize('batch_size', [1, 4, 32])
 def test_eval_sees_every_example_exactly_once(tok, process_count, batch_size):
   config = small_config()
-  per_process = [list(pipeline.eval_batches(config, tok, tok, 'dev', batch_size=batch_size,
+  per_process = [list(pipeline.translation_eval_batches(config, tok, tok, 'dev', batch_size=batch_size,
                                             process_index=p, process_count=process_count))
                  for p in range(process_count)]
   assert len({len(batches) for batches in per_process}) == 1
@@ -202,7 +202,7 @@ def test_eval_sees_every_example_exactly_once(tok, process_count, batch_size):
 
 def test_eval_truncates_long_examples_and_keeps_eos(tok):
   config = small_config(max_source_length=6, max_target_length=5)
-  batch = next(pipeline.eval_batches(config, tok, tok, 'dev'))
+  batch = next(pipeline.translation_eval_batches(config, tok, tok, 'dev'))
   assert batch['inputs'].shape == (8, 6) and batch['targets'].shape == (8, 5)
   assert (batch['inputs'][:, -1] == EOS_ID).all() and (batch['targets'][:, -1] == EOS_ID).all()
   np.testing.assert_array_equal(batch['inputs_positions'][0], np.arange(6))

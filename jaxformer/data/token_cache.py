@@ -1,0 +1,350 @@
+"""Tokenised splits: each split tokenised once, kept as sharded .npy files.
+
+A split's token ids live in a folder of the cache directory (by default
+`<workdir>/tokenizer/token_cache`, see `directory`):
+
+  <split>-<key>/00000.source.npy          [tokens] uint16 (int32 for
+                00000.source_lengths.npy  [examples] int32   vocabularies
+                00000.target.npy, 00000.target_lengths.npy   over 65535)
+                00001...                  SHARD_EXAMPLES examples a shard
+                manifest.json             written last
+
+The manifest is the commit marker: a folder without one is an unfinished
+write (a killed run) and is written again; every file is written whole
+(`paths.write_bytes`), so a reader never sees part of one.
+
+The key is a hash of the cache format, the split, how the split is read
+(`data.source` and its settings for 'builtin' and 'tfds'; for files, each
+file's path, size and modification time), and the tokenizers' model bytes.
+A file's size and modification time change whenever it is rewritten or
+replaced (on GCS the modification time is the object's update time);
+hashing its content instead would read the whole corpus at every start,
+which is the cost the cache exists to avoid.  Changed data or a different
+tokenizer give another key, so a stale cache is never read.
+
+Process 0 writes the cache shard by shard as it reads the data (the corpus
+is never whole in memory; SentencePiece encodes each chunk with all cores);
+the other processes wait for the manifest.  Readers load the lengths of
+all examples (4 bytes per example and side) and read token ids only for
+the examples they are asked for: memory-mapped when local, by ranged reads
+(concurrent, one per run of adjacent tokens) when remote.
+"""
+
+from __future__ import annotations
+
+import collections
+import dataclasses
+import hashlib
+import io
+import itertools
+import json
+import time
+from collections.abc import Iterable, Iterator
+
+import ml_collections
+import numpy as np
+
+from jaxformer import paths
+from jaxformer.data import sources
+from jaxformer.data import tokenizer as tokenizer_lib
+
+FORMAT = 1
+SHARD_EXAMPLES = 1 << 20
+ENCODE_CHUNK = 1 << 15  # pairs per SentencePiece call: bounds Python lists
+MANIFEST = 'manifest.json'
+SIDES = ('source', 'target')
+_HEADER_BYTES = 4096
+_IN_MEMORY = 4  # splits kept open per process
+_POLL_SECONDS = 1.0
+
+
+@dataclasses.dataclass(frozen=True)
+class RemoteNpy:
+  """A 1-D .npy file on remote storage, read by ranges."""
+  path: str
+  offset: int  # bytes before the data
+  dtype: np.dtype
+  size: int
+
+  @classmethod
+  def open(cls, path: str) -> RemoteNpy:
+    head = io.BytesIO(paths.read_ranges(path, [0], [_HEADER_BYTES])[0])
+    version = np.lib.format.read_magic(head)
+    read_header = (np.lib.format.read_array_header_1_0 if version == (1, 0)
+                   else np.lib.format.read_array_header_2_0)
+    shape, _, dtype = read_header(head)
+    return cls(path, head.tell(), np.dtype(dtype), int(np.prod(shape)))
+
+  def __len__(self) -> int:
+    return self.size
+
+  def take(self, indices: np.ndarray) -> np.ndarray:
+    """Values at `indices` [k], fetched as one range per run of adjacent ones."""
+    wanted = np.unique(indices)
+    if not wanted.size:
+      return np.zeros(0, self.dtype)
+    breaks = np.flatnonzero(np.diff(wanted) != 1) + 1
+    firsts = wanted[np.concatenate([[0], breaks])]
+    ends = wanted[np.concatenate([breaks - 1, [wanted.size - 1]])] + 1
+    item = self.dtype.itemsize
+    chunks = paths.read_ranges(self.path, self.offset + firsts * item,
+                               self.offset + ends * item)
+    values = np.frombuffer(b''.join(chunks), self.dtype)
+    return values[np.searchsorted(wanted, indices)]
+
+
+def _take(store, indices: np.ndarray) -> np.ndarray:
+  """store[indices] for an in-memory or memory-mapped array or a RemoteNpy."""
+  if isinstance(store, RemoteNpy):
+    return store.take(indices)
+  return np.asarray(store[indices])
+
+
+@dataclasses.dataclass(frozen=True)
+class RaggedTokens:
+  """One side's token ids of a split's examples, stored in shards.
+
+  Example i is tokens [starts[i], starts[i] + lengths[i]) of the shards laid
+  end to end, and ends with EOS_ID.
+  """
+  shards: tuple  # [shard tokens] arrays, memory maps or RemoteNpy
+  shard_starts: np.ndarray  # [shards + 1] int64: first token of each shard
+  starts: np.ndarray  # [examples] int64
+  lengths: np.ndarray  # [examples] int32
+
+  @classmethod
+  def from_shards(cls, shards, shard_lengths) -> RaggedTokens:
+    """From each shard's tokens and [shard examples] lengths."""
+    lengths = np.concatenate(shard_lengths).astype(np.int32)
+    starts = np.concatenate([[0], np.cumsum(lengths, dtype=np.int64)[:-1]])
+    sizes = np.array([len(shard) for shard in shards], np.int64)
+    return cls(tuple(shards), np.concatenate([[0], np.cumsum(sizes)]),
+               starts, lengths)
+
+  def subset(self, rows: np.ndarray) -> RaggedTokens:
+    return dataclasses.replace(self, starts=self.starts[rows],
+                               lengths=self.lengths[rows])
+
+  def gather(self, rows: np.ndarray, max_length: int | None = None
+             ) -> tuple[np.ndarray, np.ndarray]:
+    """Examples `rows` [k], each cut to `max_length` still ending in EOS_ID.
+
+    Returns:
+      tokens [total] int32 and row splits [k + 1] int64.
+    """
+    lengths = self.lengths[rows].astype(np.int64)
+    if max_length is not None:
+      lengths = np.minimum(lengths, max_length)
+    splits = np.concatenate([[0], np.cumsum(lengths)])
+    offsets = np.arange(splits[-1]) - np.repeat(splits[:-1], lengths)
+    index = np.repeat(self.starts[rows], lengths) + offsets
+    shard_of = np.searchsorted(self.shard_starts, index, side='right') - 1
+    tokens = np.empty(len(index), np.int32)
+    for shard in np.unique(shard_of):
+      mine = shard_of == shard
+      tokens[mine] = _take(self.shards[shard], index[mine] -
+                           self.shard_starts[shard])
+    if max_length is not None and len(rows):
+      tokens[splits[1:][lengths > 0] - 1] = tokenizer_lib.EOS_ID
+    return tokens, splits
+
+
+@dataclasses.dataclass(frozen=True)
+class TokenizedSplit:
+  """Token ids of a split's examples (source and target side)."""
+  source: RaggedTokens
+  target: RaggedTokens
+
+  @property
+  def num_examples(self) -> int:
+    return len(self.source.lengths)
+
+  @property
+  def source_lengths(self) -> np.ndarray:
+    return self.source.lengths
+
+  @property
+  def target_lengths(self) -> np.ndarray:
+    return self.target.lengths
+
+  def subset(self, rows: np.ndarray) -> TokenizedSplit:
+    """Examples `rows` [k] (no token is read or copied)."""
+    return TokenizedSplit(self.source.subset(rows), self.target.subset(rows))
+
+  def gather(self, rows: np.ndarray, max_source_length: int | None = None,
+             max_target_length: int | None = None) -> tuple[np.ndarray, ...]:
+    """(source tokens, source splits, target tokens, target splits) of
+    examples `rows` [k] (see RaggedTokens.gather); reads only their tokens."""
+    return (*self.source.gather(rows, max_source_length),
+            *self.target.gather(rows, max_target_length))
+
+
+# ------------------------------------------------------------------ encoding
+
+
+def _token_dtype(*tokenizers: tokenizer_lib.Tokenizer) -> np.dtype:
+  vocab = max(tok.vocab_size for tok in tokenizers)
+  return np.dtype(np.uint16 if vocab <= np.iinfo(np.uint16).max + 1 else np.int32)
+
+
+def _encode(texts: list[str], tok: tokenizer_lib.Tokenizer, dtype
+            ) -> tuple[np.ndarray, np.ndarray]:
+  """(tokens [total] dtype, lengths [texts] int32), each text ending with EOS."""
+  token_lists = tok.encode(texts)
+  lengths = np.fromiter(map(len, token_lists), np.int32, len(token_lists))
+  tokens = np.fromiter(itertools.chain.from_iterable(token_lists), dtype,
+                       int(lengths.sum()))
+  return tokens, lengths
+
+
+def _chunks(items: Iterable, size: int) -> Iterator[list]:
+  iterator = iter(items)
+  while chunk := list(itertools.islice(iterator, size)):
+    yield chunk
+
+
+def encoded_shards(pairs: Iterable[sources.Pair],
+                   source_tok: tokenizer_lib.Tokenizer,
+                   target_tok: tokenizer_lib.Tokenizer,
+                   ) -> Iterator[dict[str, np.ndarray]]:
+  """Shards of SHARD_EXAMPLES encoded pairs: 'source', 'source_lengths',
+  'target', 'target_lengths' (see the module docstring)."""
+  dtype = _token_dtype(source_tok, target_tok)
+  for shard_pairs in _chunks(pairs, SHARD_EXAMPLES):
+    parts = collections.defaultdict(list)
+    for chunk in _chunks(shard_pairs, ENCODE_CHUNK):
+      for side, tok, texts in zip(SIDES, (source_tok, target_tok), zip(*chunk)):
+        tokens, lengths = _encode(list(texts), tok, dtype)
+        parts[side].append(tokens)
+        parts[f'{side}_lengths'].append(lengths)
+    yield {name: np.concatenate(arrays) for name, arrays in parts.items()}
+
+
+def _from_shards(shards: list[dict]) -> TokenizedSplit:
+  return TokenizedSplit(*(RaggedTokens.from_shards(
+      [shard[side] for shard in shards],
+      [shard[f'{side}_lengths'] for shard in shards]) for side in SIDES))
+
+
+# --------------------------------------------------------------- the cache
+
+
+def directory(data_config: ml_collections.ConfigDict, workdir: str | None
+              ) -> str | None:
+  """Where a run keeps its token cache: data.token_cache_dir, else
+  <workdir>/tokenizer/token_cache; None when data.token_cache is off or
+  there is no workdir (the splits are then tokenised in memory)."""
+  if not data_config.get('token_cache', True):
+    return None
+  if data_config.get('token_cache_dir'):
+    return paths.absolute(data_config.token_cache_dir)
+  return None if workdir is None else paths.join(
+      paths.absolute(workdir), 'tokenizer', 'token_cache')
+
+
+def _file_identity(path: str) -> list:
+  try:
+    return [paths.absolute(path), *paths.stat(path)]
+  except FileNotFoundError:
+    raise sources.MissingFileError(
+        f'{path}: no such file; check the path in the data config') from None
+
+
+def cache_key(data_config: ml_collections.ConfigDict, split: str,
+              source_tok: tokenizer_lib.Tokenizer,
+              target_tok: tokenizer_lib.Tokenizer) -> str:
+  """Hex sha256 of what the split's token ids depend on (module docstring)."""
+  files = sources.split_files(data_config, split)
+  reading = ([_file_identity(path) for path in files] if files else
+             data_config.to_dict().get(data_config.source))
+  digest = hashlib.sha256(json.dumps(
+      [FORMAT, split, data_config.source, reading], sort_keys=True,
+      default=str).encode())
+  digest.update(hashlib.sha256(source_tok.serialized_model_proto()).digest())
+  digest.update(hashlib.sha256(target_tok.serialized_model_proto()).digest())
+  return digest.hexdigest()
+
+
+def _save_npy(path: str, array: np.ndarray) -> None:
+  buffer = io.BytesIO()
+  np.save(buffer, array, allow_pickle=False)
+  paths.write_bytes(path, buffer.getvalue())
+
+
+def write(folder: str, shards: Iterable[dict[str, np.ndarray]], key: str) -> None:
+  """Writes `shards` into `folder`, then the manifest that commits them."""
+  counts = []
+  for number, shard in enumerate(shards):
+    for name, array in shard.items():
+      _save_npy(paths.join(folder, f'{number:05d}.{name}.npy'), array)
+    counts.append(len(shard['source_lengths']))
+  paths.write_text(paths.join(folder, MANIFEST), json.dumps(
+      dict(format=FORMAT, key=key, shard_examples=counts), indent=1))
+
+
+def _open_tokens(path: str):
+  return RemoteNpy.open(path) if paths.is_remote(path) else paths.memory_map_npy(path)
+
+
+def read(folder: str) -> TokenizedSplit:
+  """The split committed in `folder`: lengths in memory, tokens on demand."""
+  manifest = json.loads(paths.read_text(paths.join(folder, MANIFEST)))
+  if manifest.get('format') != FORMAT:
+    raise sources.DataError(
+        f'{folder}: token cache format {manifest.get("format")}, not '
+        f'{FORMAT}; delete the folder to tokenise again')
+  shards = []
+  for number in range(len(manifest['shard_examples'])):
+    shard = {}
+    for side in SIDES:
+      prefix = paths.join(folder, f'{number:05d}.{side}')
+      shard[side] = _open_tokens(f'{prefix}.npy')
+      shard[f'{side}_lengths'] = np.load(io.BytesIO(
+          paths.read_bytes(f'{prefix}_lengths.npy')), allow_pickle=False)
+    shards.append(shard)
+  return _from_shards(shards)
+
+
+def _wait_for(path: str, timeout_seconds: float) -> None:
+  deadline = time.monotonic() + timeout_seconds
+  while not paths.exists(path):
+    if time.monotonic() > deadline:
+      raise TimeoutError(
+          f'waited {timeout_seconds:.0f}s for process 0 to write the token '
+          f"cache {path}; check process 0's log, or raise "
+          'data.tokenizer.wait_seconds')
+    time.sleep(_POLL_SECONDS)
+
+
+_open_splits: collections.OrderedDict[tuple, TokenizedSplit] = (
+    collections.OrderedDict())
+
+
+def tokenized_split(data_config: ml_collections.ConfigDict, split: str,
+                    source_tok: tokenizer_lib.Tokenizer,
+                    target_tok: tokenizer_lib.Tokenizer,
+                    cache_dir: str | None = None, *,
+                    process_index: int = 0) -> TokenizedSplit:
+  """A whole split, tokenised once: into `cache_dir` (written by process 0,
+  reused while its key matches) or, without one, in this process's memory.
+  The last few splits stay open per process."""
+  key = cache_key(data_config, split, source_tok, target_tok)
+  if (key, cache_dir) in _open_splits:
+    _open_splits.move_to_end((key, cache_dir))
+    return _open_splits[key, cache_dir]
+  pairs = lambda: sources.iter_split(data_config, split)
+  if cache_dir is None:
+    examples = _from_shards(list(encoded_shards(pairs(), source_tok, target_tok)))
+  else:
+    folder = paths.join(cache_dir, f'{split}-{key[:24]}')
+    manifest = paths.join(folder, MANIFEST)
+    if not paths.exists(manifest):
+      if process_index == 0:
+        write(folder, encoded_shards(pairs(), source_tok, target_tok), key)
+      else:
+        _wait_for(manifest, data_config.tokenizer.get('wait_seconds', 3600))
+    examples = read(folder)
+  _open_splits[key, cache_dir] = examples
+  while len(_open_splits) > _IN_MEMORY:
+    _open_splits.popitem(last=False)
+  return examples

@@ -1,0 +1,182 @@
+"""The token cache: written once, committed by its manifest, keyed by the data
+and the tokenizer, read back row by row (data/token_cache.py)."""
+import itertools
+import os
+
+import numpy as np
+import pytest
+
+from jaxformer.data import builtin
+from jaxformer.data import pipeline
+from jaxformer.data import sources
+from jaxformer.data import token_cache
+from jaxformer.data import tokenizer as tokenizer_lib
+from jaxformer.data.config import default_data_config
+
+PAIRS = builtin.generate(120, 5, 'train')
+
+
+def tsv_config(path, **overrides):
+  config = default_data_config()
+  config.source = 'tsv'
+  config.tsv.train = str(path)
+  config.tokenizer.vocab_size = 150
+  config.update(batch_size=4, max_source_length=40, max_target_length=40,
+                shuffle_buffer=1, tokens_per_batch=256)
+  config.update(overrides)
+  return config
+
+
+def write_tsv(path, pairs):
+  path.write_text(''.join(f'{s}\t{t}\n' for s, t in pairs), encoding='utf-8')
+  return path
+
+
+@pytest.fixture(scope='module')
+def tok(tmp_path_factory):
+  prefix = str(tmp_path_factory.mktemp('tokenizer') / 'joint')
+  return tokenizer_lib.train_tokenizer(
+      [text for pair in PAIRS for text in pair], prefix,
+      tsv_config('').tokenizer)
+
+
+@pytest.fixture(autouse=True)
+def no_open_splits():
+  """Each test starts without splits this process already opened."""
+  token_cache._open_splits.clear()
+  yield
+  token_cache._open_splits.clear()
+
+
+def folders(directory):
+  return sorted(os.listdir(directory))
+
+
+def gathered(examples, rows):
+  return [array.tolist() for array in examples.gather(np.asarray(rows))]
+
+
+def test_written_once_then_read_without_the_data(tmp_path, tok, monkeypatch):
+  config = tsv_config(write_tsv(tmp_path / 'train.tsv', PAIRS))
+  cache = str(tmp_path / 'cache')
+  first = token_cache.tokenized_split(config, 'train', tok, tok, cache)
+  (folder,) = folders(cache)
+  assert folder.startswith('train-')
+  assert token_cache.MANIFEST in os.listdir(os.path.join(cache, folder))
+  token_cache._open_splits.clear()
+  monkeypatch.setattr(sources, 'iter_split', lambda *a: pytest.fail('read again'))
+  again = token_cache.tokenized_split(config, 'train', tok, tok, cache)
+  assert isinstance(again.source.shards[0], np.memmap)
+  rows = [3, 0, 119, 3]
+  assert gathered(again, rows) == gathered(first, rows)
+  source, source_splits, target, _ = again.gather(np.array([7]))
+  assert source[-1] == target[-1] == tokenizer_lib.EOS_ID
+  assert tok.decode(source) == PAIRS[7][0]
+
+
+def test_shards_are_read_across_their_boundaries(tmp_path, tok, monkeypatch):
+  config = tsv_config(write_tsv(tmp_path / 'train.tsv', PAIRS))
+  in_memory = token_cache.tokenized_split(config, 'train', tok, tok)
+  monkeypatch.setattr(token_cache, 'SHARD_EXAMPLES', 7)
+  monkeypatch.setattr(token_cache, 'ENCODE_CHUNK', 3)
+  token_cache._open_splits.clear()
+  cache = str(tmp_path / 'cache')
+  sharded = token_cache.tokenized_split(config, 'train', tok, tok, cache)
+  assert len(sharded.source.shards) == 18  # ceil(120 / 7)
+  rows = [6, 7, 13, 14, 119, 0, 50]
+  assert gathered(sharded, rows) == gathered(in_memory, rows)
+  truncated = sharded.gather(np.array(rows), 4, 3)
+  assert truncated[1].tolist() == [0, 4, 8, 12, 16, 20, 24, 28]
+  assert (truncated[0][3::4] == tokenizer_lib.EOS_ID).all()
+
+
+def test_changed_data_or_tokenizer_is_never_read_stale(tmp_path, tok):
+  path = write_tsv(tmp_path / 'train.tsv', PAIRS)
+  config = tsv_config(path)
+  cache = str(tmp_path / 'cache')
+  token_cache.tokenized_split(config, 'train', tok, tok, cache)
+  changed = [(target, source) for source, target in PAIRS[:50]]
+  write_tsv(path, changed)
+  token_cache._open_splits.clear()
+  examples = token_cache.tokenized_split(config, 'train', tok, tok, cache)
+  assert examples.num_examples == 50
+  assert tok.decode(examples.gather(np.array([2]))[0]) == PAIRS[2][1]
+  other_tok = tokenizer_lib.train_tokenizer(
+      [text for pair in PAIRS for text in pair], str(tmp_path / 'other'),
+      _with_vocab(config.tokenizer, 140))
+  token_cache.tokenized_split(config, 'train', other_tok, other_tok, cache)
+  assert len(folders(cache)) == 3
+
+
+def _with_vocab(tok_config, vocab_size):
+  tok_config = tok_config.copy_and_resolve_references()
+  tok_config.vocab_size = vocab_size
+  return tok_config
+
+
+def test_a_killed_write_leaves_no_cache_that_looks_complete(tmp_path, tok,
+                                                           monkeypatch):
+  config = tsv_config(write_tsv(tmp_path / 'train.tsv', PAIRS))
+  cache = str(tmp_path / 'cache')
+  monkeypatch.setattr(token_cache, 'SHARD_EXAMPLES', 50)
+  real_iter_split = sources.iter_split
+
+  def killed_after_60_pairs(*args):
+    yield from itertools.islice(real_iter_split(*args), 60)
+    raise KeyboardInterrupt  # As a signal ending the run mid-write.
+
+  monkeypatch.setattr(sources, 'iter_split', killed_after_60_pairs)
+  with pytest.raises(KeyboardInterrupt):
+    token_cache.tokenized_split(config, 'train', tok, tok, cache)
+  (folder,) = folders(cache)
+  written = os.listdir(os.path.join(cache, folder))
+  assert '00000.source.npy' in written and token_cache.MANIFEST not in written
+  monkeypatch.setattr(sources, 'iter_split', real_iter_split)
+  examples = token_cache.tokenized_split(config, 'train', tok, tok, cache)
+  assert examples.num_examples == len(PAIRS)
+  assert tok.decode(examples.gather(np.array([119]))[0]) == PAIRS[119][0]
+
+
+def test_other_processes_wait_for_process_0(tmp_path, tok):
+  config = tsv_config(write_tsv(tmp_path / 'train.tsv', PAIRS))
+  config.tokenizer.wait_seconds = 0.0
+  cache = str(tmp_path / 'cache')
+  with pytest.raises(TimeoutError, match='process 0 to write the token cache'):
+    token_cache.tokenized_split(config, 'train', tok, tok, cache,
+                                process_index=1)
+  token_cache.tokenized_split(config, 'train', tok, tok, cache)
+  token_cache._open_splits.clear()
+  assert token_cache.tokenized_split(
+      config, 'train', tok, tok, cache, process_index=1).num_examples == 120
+
+
+@pytest.mark.parametrize('batching', ['pack', 'bucket'])
+def test_batches_from_the_cache_equal_those_from_memory(tmp_path, tok, batching):
+  config = tsv_config(write_tsv(tmp_path / 'train.tsv', PAIRS),
+                      batching=batching, shuffle_buffer=10)
+  cache = str(tmp_path / 'cache')
+
+  def take(**kwargs):
+    return list(itertools.islice(pipeline.translation_train_batches(
+        config, tok, tok, start_step=20, **kwargs), 3))
+
+  for got, want in zip(take(token_cache=cache), take()):
+    assert got.keys() == want.keys()
+    for key in want:
+      np.testing.assert_array_equal(got[key], want[key], err_msg=key)
+  got = next(pipeline.translation_eval_batches(config, tok, tok, 'train',
+                                               token_cache=cache))
+  want = next(pipeline.translation_eval_batches(config, tok, tok, 'train'))
+  for key in want:
+    np.testing.assert_array_equal(got[key], want[key], err_msg=key)
+
+
+def test_the_cache_directory_follows_the_config(tmp_path):
+  config = default_data_config()
+  assert token_cache.directory(config, 'gs://b/run') == (
+      'gs://b/run/tokenizer/token_cache')
+  assert token_cache.directory(config, None) is None
+  config.token_cache_dir = 'gs://b/shared'
+  assert token_cache.directory(config, str(tmp_path)) == 'gs://b/shared'
+  config.token_cache = False
+  assert token_cache.directory(config, str(tmp_path)) is None

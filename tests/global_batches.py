@@ -1,0 +1,49 @@
+"""Writes the global training batches one process of a run sees, as an .npz.
+
+  python tests/global_batches.py TOKENIZER_MODEL TOKEN_CACHE_DIR OUT.npz
+
+Started as 1 process or as each of several (JAX_COORDINATOR_ADDRESS,
+JAX_NUM_PROCESSES, JAX_PROCESS_ID): each process builds its own rows of
+every batch through the input pipeline and the token cache, the rows are
+assembled into global arrays over all devices, and process 0 writes them.
+"""
+import sys
+
+import jax
+import numpy as np
+from jax.experimental import multihost_utils
+
+from jaxformer import config as config_lib
+from jaxformer import parallel
+from jaxformer.data import tasks as data_tasks
+from jaxformer.data import tokenizer as tokenizer_lib
+
+START_STEP, NUM_BATCHES = 30, 3
+
+
+def main(model_path: str, token_cache: str, out: str) -> None:
+  config = config_lib.default_config()
+  parallel.initialize_distributed(config.distributed)
+  config.data.builtin.update(num_train=600, num_dev=10, num_test=10)
+  config.data.update(batch_size=8, tokens_per_batch=384)
+  config.data.tokenizer.vocab_size = 200
+  tok = tokenizer_lib.load_tokenizer(model_path)
+  mesh = parallel.make_mesh({'data': -1})
+  batches = {}
+  for batching in ('pack', 'bucket'):
+    config.data.batching = batching
+    stream = data_tasks.train_batches(
+        config, tok, tok, start_step=START_STEP,
+        process_index=jax.process_index(), process_count=jax.process_count(),
+        row_multiple=data_tasks.row_multiple(config, parallel.row_shards(mesh)),
+        token_cache=token_cache)
+    for step, local in zip(range(START_STEP, START_STEP + NUM_BATCHES), stream):
+      for key, value in parallel.global_batch(local, mesh).items():
+        batches[f'{batching}/{step}/{key}'] = np.asarray(
+            multihost_utils.process_allgather(value, tiled=True))
+  if jax.process_index() == 0:
+    np.savez(out, **batches)
+
+
+if __name__ == '__main__':
+  main(*sys.argv[1:])
