@@ -20,6 +20,7 @@ which is also a FileNotFoundError.
 from __future__ import annotations
 
 import codecs
+import contextlib
 import gzip
 import itertools
 import zlib
@@ -43,10 +44,11 @@ class MissingFileError(DataError, FileNotFoundError):
   """A configured data file does not exist."""
 
 
-def read_bytes(path: str) -> bytes:
-  """Contents of a local or gs:// file, gunzipped if its name ends in '.gz'."""
+@contextlib.contextmanager
+def _storage_errors(path: str):
+  """Errors of opening or reading `path` as DataErrors that name it."""
   try:
-    data = paths.read_bytes(path)
+    yield
   except FileNotFoundError:
     raise MissingFileError(
         f'{path}: no such file; check the path in the data config') from None
@@ -56,6 +58,12 @@ def read_bytes(path: str) -> bytes:
   except Exception as e:  # Storage clients raise many types.
     raise DataError(f'{path}: cannot read it: {type(e).__name__}: '
                     f'{str(e).splitlines()[0] if str(e) else ""}') from None
+
+
+def read_bytes(path: str) -> bytes:
+  """Contents of a local or gs:// file, gunzipped if its name ends in '.gz'."""
+  with _storage_errors(path):
+    data = paths.read_bytes(path)
   if path.endswith('.gz'):
     try:
       data = gzip.decompress(data)
@@ -90,17 +98,8 @@ _BLOCK_BYTES = 1 << 24
 
 def _binary_stream(path: str):
   """An open binary stream of `path`, gunzipping if its name ends in '.gz'."""
-  try:
+  with _storage_errors(path):
     stream = paths.open_bytes(path)
-  except FileNotFoundError:
-    raise MissingFileError(
-        f'{path}: no such file; check the path in the data config') from None
-  except IsADirectoryError:
-    raise DataError(f'{path}: is a directory; name a file in the data '
-                    'config') from None
-  except Exception as e:  # Storage clients raise many types.
-    raise DataError(f'{path}: cannot read it: {type(e).__name__}: '
-                    f'{str(e).splitlines()[0] if str(e) else ""}') from None
   return gzip.GzipFile(fileobj=stream, mode='rb') if path.endswith('.gz') else stream
 
 
