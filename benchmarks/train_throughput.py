@@ -1,6 +1,17 @@
-"""Training throughput of the jitted train step on this machine.
+"""Training throughput of the jitted train step on this machine, optionally
+side by side with Flax's WMT example as an anchor.
 
   python benchmarks/train_throughput.py --config small [--steps 10] [--dtype float32]
+  python benchmarks/train_throughput.py --config small --flax_wmt DIR [--rounds 3]
+
+With --flax_wmt (DIR is `examples/wmt` of a clone of github.com/google/flax;
+its train.py imports clu: `pip install clu`), Flax's own `models.Transformer`
+and `train.train_step`, unchanged and pmapped as its train.py does, train the
+same architecture on the same batch, and the two steps are timed in
+alternating rounds in this process, so that drift of the machine's speed
+hits both alike. For identical computation our model then takes Flax's
+dropout (0.1 on embeddings, residuals, the FFN hidden layer and the
+attention weights) and its pre-LayerNorm.
 
 Prints step time, source+target tokens/s, compile time, peak host memory and
 MFU. MFU = model FLOPs per step / step time / peak FLOP/s, where
@@ -14,7 +25,10 @@ MFU. MFU = model FLOPs per step / step time / peak FLOP/s, where
 in the same run: the best FLOP/s of a large `jnp.dot` in the same dtype.
 """
 import argparse
+import functools
+import os
 import resource
+import sys
 import time
 
 import jax
@@ -72,6 +86,108 @@ def random_batch(rng, rows, source_length, target_length, vocab):
   return {'inputs': inputs, 'targets': targets}
 
 
+FLAX_DROPOUT = dict(embedding_dropout=0.1, residual_dropout=0.1,
+                    attention_dropout=0.1, ffn_dropout=0.1)
+
+
+def our_step(model_config, batches):
+  """Our jitted train step on `batches` (a list of host batches, used in
+  turn). Returns (step: () -> metrics, compile seconds, parameter count)."""
+  task = get_task('translation')
+  mesh = parallel.make_mesh({'data': -1})
+  rules = parallel.DEFAULT_AXIS_RULES
+  schedule = schedules.make_schedule(TRAIN, model_config.d_model)
+  tx = schedules.make_optimizer(TRAIN, schedule)
+  state = create_train_state(task, task.model(model_config), tx, batches[0],
+                             mesh, rules, seed=0)
+  params = count_params(state.params)
+  shardings = jax.tree.map(lambda x: x.sharding, state)
+  with parallel.activate(mesh, rules):
+    step = compile_train_step(
+        mesh, shardings, task=task,
+        model=task.model(model_config, deterministic=False), tx=tx,
+        schedule=schedule, label_smoothing=0.1, grad_accum_steps=1,
+        prng_impl='threefry2x32')
+    device_batches = [parallel.global_batch(b, mesh) for b in batches]
+    start = time.perf_counter()
+    compiled = step.lower(state, device_batches[0]).compile()
+  compile_seconds = time.perf_counter() - start
+  calls = [0]
+
+  def run():
+    nonlocal state
+    state, metrics = compiled(state, device_batches[calls[0] % 2])
+    calls[0] += 1
+    return metrics
+  return run, compile_seconds, params
+
+
+def flax_wmt_step(flax_wmt: str, model_config, batches):
+  """Flax's WMT example's train step on the same architecture and batches,
+  set up as its train.py's `train_and_evaluate` does (adamw with b2=0.98,
+  eps=1e-9, its rsqrt schedule, label smoothing 0.1, pmap over 'batch')."""
+  sys.path.insert(0, os.path.abspath(flax_wmt))
+  import models as flax_models  # pylint: disable=import-outside-toplevel
+  import train as flax_train  # pylint: disable=import-outside-toplevel
+  from flax import jax_utils  # pylint: disable=import-outside-toplevel
+  from flax.training import common_utils  # pylint: disable=import-outside-toplevel
+  import optax  # pylint: disable=import-outside-toplevel
+  cfg = model_config
+  config = flax_models.TransformerConfig(
+      vocab_size=cfg.vocab_size, output_vocab_size=cfg.vocab_size,
+      share_embeddings=True, logits_via_embedding=True,
+      dtype=jnp.dtype(cfg.dtype), emb_dim=cfg.d_model,
+      num_heads=cfg.num_heads, num_layers=cfg.num_encoder_layers,
+      qkv_dim=cfg.d_model, mlp_dim=cfg.d_ff, max_len=cfg.max_len,
+      dropout_rate=0.1, attention_dropout_rate=0.1, deterministic=False)
+  shape = batches[0]['inputs'].shape
+  variables = jax.jit(flax_models.Transformer(
+      config.replace(deterministic=True)).init)(
+          jax.random.key(0), jnp.ones(shape, jnp.float32),
+          jnp.ones(batches[0]['targets'].shape, jnp.float32))
+  learning_rate_fn = flax_train.create_learning_rate_schedule(
+      learning_rate=0.002, warmup_steps=1000)
+  state = flax_train.TrainState.create(
+      apply_fn=flax_models.Transformer(config).apply,
+      params=variables['params'],
+      tx=optax.adamw(learning_rate=learning_rate_fn, b1=0.9, b2=0.98,
+                     eps=1e-9, weight_decay=0.0),
+      dynamic_scale=None)
+  params = count_params(state.params)
+  state = jax_utils.replicate(state)
+  p_train_step = jax.pmap(
+      functools.partial(flax_train.train_step, config=config,
+                        learning_rate_fn=learning_rate_fn,
+                        label_smoothing=0.1),
+      axis_name='batch', donate_argnums=(0,))
+  device_batches = [common_utils.shard(b) for b in batches]
+  dropout_rngs = jax.random.split(jax.random.key(1), jax.local_device_count())
+  start = time.perf_counter()
+  state, metrics = p_train_step(state, device_batches[0],
+                                dropout_rng=dropout_rngs)
+  jax.block_until_ready(metrics)
+  compile_seconds = time.perf_counter() - start
+  calls = [0]
+
+  def run():
+    nonlocal state
+    state, metrics = p_train_step(state, device_batches[calls[0] % 2],
+                                  dropout_rng=dropout_rngs)
+    calls[0] += 1
+    return metrics
+  return run, compile_seconds, params
+
+
+def median_step_seconds(run, steps: int) -> float:
+  jax.block_until_ready(run())  # Warm (the first call may compile).
+  times = []
+  for _ in range(steps):
+    start = time.perf_counter()
+    jax.block_until_ready(run())
+    times.append(time.perf_counter() - start)
+  return float(np.median(times))
+
+
 def main():
   parser = argparse.ArgumentParser()
   parser.add_argument('--config', choices=sorted(PRESETS), default='small')
@@ -86,65 +202,60 @@ def main():
                       'splash on TPUs)')
   parser.add_argument('--remat', default='none')
   parser.add_argument('--scan', action='store_true')
+  parser.add_argument('--flax_wmt', default='',
+                      help="Flax's examples/wmt directory: time its train "
+                      'step beside ours')
+  parser.add_argument('--rounds', type=int, default=3,
+                      help='with --flax_wmt: alternating rounds of --steps')
   args = parser.parse_args()
 
   preset = PRESETS[args.config]
   rows = args.rows or preset['rows']
   source_length = target_length = args.length or preset['source_length']
+  model = dict(preset['model'])
+  if args.flax_wmt:
+    model.update(FLAX_DROPOUT, norm_position='pre')
   model_config = ModelConfig(max_len=max(512, source_length), dtype=args.dtype,
                              attention_impl=args.attention,
                              remat_policy=args.remat, scan_layers=args.scan,
-                             **preset['model'])
-  task = get_task('translation')
-  mesh = parallel.make_mesh({'data': -1})
-  rules = parallel.DEFAULT_AXIS_RULES
-  schedule = schedules.make_schedule(TRAIN, model_config.d_model)
-  tx = schedules.make_optimizer(TRAIN, schedule)
+                             **model)
   rng = np.random.default_rng(0)
   batches = [random_batch(rng, rows, source_length, target_length,
                           model_config.vocab_size) for _ in range(2)]
-  state = create_train_state(task, task.model(model_config), tx, batches[0],
-                             mesh, rules, seed=0)
-  shardings = jax.tree.map(lambda x: x.sharding, state)
-  with parallel.activate(mesh, rules):
-    step = compile_train_step(
-        mesh, shardings, task=task,
-        model=task.model(model_config, deterministic=False), tx=tx,
-        schedule=schedule, label_smoothing=0.1, grad_accum_steps=1,
-        prng_impl='threefry2x32')
-    device_batches = [parallel.global_batch(b, mesh) for b in batches]
-    start = time.perf_counter()
-    compiled = step.lower(state, device_batches[0]).compile()
-    compile_seconds = time.perf_counter() - start
-    state, metrics = compiled(state, device_batches[0])
-    jax.block_until_ready(metrics)
-    times = []
-    for i in range(args.steps):
-      start = time.perf_counter()
-      state, metrics = compiled(state, device_batches[i % 2])
-      jax.block_until_ready(metrics)
-      times.append(time.perf_counter() - start)
+  steps = {'ours': our_step(model_config, batches)}
+  if args.flax_wmt:
+    steps['flax_wmt'] = flax_wmt_step(args.flax_wmt, model_config, batches)
 
-  step_time = float(np.median(times))
   tokens = rows * (source_length + target_length)
   flops = training_flops_per_step(model_config, get_task('translation'), rows,
                                   source_length, target_length)
   device = jax.devices()[0]
-  peak = peak_matmul_flops(jnp.dtype(args.dtype),
-                           2048 if device.platform == 'cpu' else 8192)
-  peak *= jax.device_count()
-  peak_rss_mib = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
   print(f'config={args.config} dtype={args.dtype} device={device.device_kind} '
-        f'x{jax.device_count()} params={count_params(state.params) / 1e6:.1f}M '
+        f'x{jax.device_count()} params={steps["ours"][2] / 1e6:.1f}M '
         f'batch={rows}x({source_length}+{target_length})')
-  print(f'compile_time_s={compile_seconds:.2f}')
-  print(f'step_time_s={step_time:.4f} (median of {args.steps})')
-  print(f'tokens_per_s={tokens / step_time:,.0f}')
+  for name, (_, compile_seconds, params) in steps.items():
+    print(f'{name}: compile_time_s={compile_seconds:.2f} '
+          f'params={params / 1e6:.2f}M')
   print(f'model_tflops_per_step={flops / 1e12:.4f}')
-  print(f'peak_matmul_gflops={peak / 1e9:,.0f}')
-  print(f'mfu={100 * flops / step_time / peak:.1f}%')
-  print(f'peak_host_memory_mib={peak_rss_mib:,.0f}')
-  print(f'loss={float(metrics["loss"]):.4f}')
+  peak_size = 2048 if device.platform == 'cpu' else 8192
+  for round_index in range(args.rounds if args.flax_wmt else 1):
+    seconds = {name: median_step_seconds(run, args.steps)
+               for name, (run, _, _) in steps.items()}
+    # The peak in the same round: the machine's speed drifts.
+    peak = peak_matmul_flops(jnp.dtype(args.dtype),
+                             peak_size) * jax.device_count()
+    line = [f'round {round_index + 1}:',
+            f'peak_matmul_gflops={peak / 1e9:,.0f}']
+    for name, step_time in seconds.items():
+      line.append(f'{name}: step_time_s={step_time:.4f} '
+                  f'tokens_per_s={tokens / step_time:,.0f} '
+                  f'mfu={100 * flops / step_time / peak:.1f}%')
+    if args.flax_wmt:
+      line.append(f'speedup={seconds["flax_wmt"] / seconds["ours"]:.2f}x')
+    print(' | '.join(line), flush=True)
+  peak_rss_mib = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+  print(f'(medians of {args.steps} steps) '
+        f'peak_host_memory_mib={peak_rss_mib:,.0f}')
 
 
 if __name__ == '__main__':

@@ -287,7 +287,9 @@ class Trainer:
         token_cache=self.token_cache)
     writer = MetricsWriter(self.workdir, enabled=self.is_main)
     measure_at = self._budget_measure_step(start_step)
-    progress = Progress(train.num_steps, start_step, enabled=self.is_main)
+    seconds_left = self.budget.remaining if train.max_minutes else None
+    progress = Progress(train.num_steps, start_step, enabled=self.is_main,
+                        seconds_left=seconds_left)
     peak_flops = train.peak_flops or measure_peak_flops()
     final = {}
     if stop.signalled():
@@ -349,7 +351,7 @@ class Trainer:
         elif step == measure_at and not last:
           progress.close()
           progress = Progress(self._fix_budget_steps(step, mark), step,
-                              enabled=self.is_main)
+                              enabled=self.is_main, seconds_left=seconds_left)
           step_fn = self._compile_step(shardings)
         if self._eval_due(step) or last:
           eval_metrics = self.evaluate(state)

@@ -79,8 +79,13 @@ def read_metrics(workdir: str) -> list[dict]:
 class Progress:
   """A tqdm bar on a terminal, plain log lines otherwise."""
 
-  def __init__(self, total: int, initial: int, enabled: bool = True):
+  def __init__(self, total: int, initial: int, enabled: bool = True,
+               seconds_left=None):
+    """seconds_left: () -> the seconds a time budget leaves (None: no
+    budget); the ETA is then the sooner of the budget's end and the last
+    step's."""
     self.enabled = enabled
+    self._seconds_left = seconds_left
     self._bar = None
     self._start = time.time()
     self._initial, self._total = initial, total
@@ -101,6 +106,8 @@ class Progress:
     elapsed = time.time() - self._start
     done = max(step - self._initial, 1)
     eta = elapsed / done * (self._total - step)
+    if self._seconds_left is not None:
+      eta = max(min(eta, self._seconds_left()), 0.0)
     text = ' '.join(f'{k}={v:.4g}' for k, v in shown.items())
     print(f'step {step}/{self._total} {text} eta={eta:.0f}s', flush=True)
 
