@@ -9,6 +9,10 @@ benchmarks/cpu_recipe.md.
 train.schedule_over_budget=false,train.warmup_steps=300,eval.average_last=0
 
 Each variant is `name=key=value,key=value` (overrides of the :cpu config).
+--curve then scores every checkpoint the run kept (raise checkpoint.keep
+for more points) on the dev split with greedy decoding, after training, so
+the curve costs the budget nothing; it writes WORKDIR/curve.json and
+WORKDIR/curve.png (dev BLEU and train loss against training minutes).
 On a shared machine wall-clock budgets are not comparable: pass
 --num_steps to compare variants at a fixed number of steps (the budget is
 then switched off and warmup_cosine decays over those steps), and compare
@@ -53,6 +57,62 @@ def run_variant(name: str, overrides: list[str], args) -> str:
   return workdir
 
 
+def kept_steps(workdir: str) -> list[int]:
+  directory = os.path.join(workdir, 'checkpoints')
+  return sorted(int(n) for n in os.listdir(directory) if n.isdigit())
+
+
+def training_minutes(records: list[dict]) -> dict[int, float]:
+  """Step -> minutes of training up to it (the sum of the log windows'
+  step times: compile included, evaluation and start-up excluded)."""
+  minutes, previous, total = {}, 0, 0.0
+  for record in records:
+    if 'step_time' in record:
+      total += record['step_time'] * (record['step'] - previous) / 60
+      previous = record['step']
+      minutes[record['step']] = total
+  return minutes
+
+
+def dev_curve(workdir: str) -> list[dict]:
+  """Dev BLEU/chrF (greedy) of each kept checkpoint, with its minutes."""
+  minutes = training_minutes(read_metrics(workdir))
+  points = []
+  for step in kept_steps(workdir):
+    out = subprocess.run(
+        ['jaxformer', 'evaluate', '--workdir', workdir, '--checkpoint',
+         str(step), '--split', 'dev', '--beam', '1'],
+        check=True, capture_output=True, text=True).stdout
+    scores = json.loads(out[out.index('{'):])
+    points.append({'step': step, 'minutes': round(minutes.get(step, 0), 2),
+                   'dev_bleu': round(scores['bleu'], 2),
+                   'dev_chrf': round(scores['chrf'], 2)})
+    print(json.dumps(points[-1]), flush=True)
+  return points
+
+
+def plot_curve(workdir: str, points: list[dict], out_path: str) -> None:
+  import matplotlib  # pylint: disable=import-outside-toplevel
+  matplotlib.use('Agg')
+  from matplotlib import pyplot as plt  # pylint: disable=import-outside-toplevel
+  records = read_metrics(workdir)
+  minutes = training_minutes(records)
+  train = [(minutes[r['step']], r['loss']) for r in records
+           if 'step_time' in r]
+  fig, (bleu_ax, loss_ax) = plt.subplots(2, 1, figsize=(7, 5), sharex=True)
+  bleu_ax.plot([p['minutes'] for p in points],
+               [p['dev_bleu'] for p in points], marker='o')
+  bleu_ax.set_ylabel('dev BLEU (greedy)')
+  loss_ax.plot(*zip(*train))
+  loss_ax.set_ylabel('train loss')
+  loss_ax.set_xlabel('training minutes')
+  for ax in (bleu_ax, loss_ax):
+    ax.grid(alpha=0.3)
+  fig.tight_layout()
+  fig.savefig(out_path)
+  plt.close(fig)
+
+
 def summary(name: str, workdir: str) -> dict:
   records = read_metrics(workdir)
   train = [r for r in records if 'step_time' in r]
@@ -84,11 +144,21 @@ def main(argv=None) -> int:
                       help='> 0: a fixed step count instead of the budget')
   parser.add_argument('--eval_every', type=int, default=0,
                       help='> 0: dev BLEU every that many steps (a curve)')
+  parser.add_argument('--curve', action='store_true',
+                      help='after training, dev BLEU of every kept '
+                      'checkpoint')
   args = parser.parse_args(argv)
   rows = []
   for spec in args.variant:
     name, overrides = overrides_of(spec)
-    rows.append(summary(name, run_variant(name, overrides, args)))
+    workdir = run_variant(name, overrides, args)
+    rows.append(summary(name, workdir))
+    if args.curve:
+      points = dev_curve(workdir)
+      with open(os.path.join(workdir, 'curve.json'), 'w') as f:
+        json.dump(points, f, indent=1)
+      plot_curve(workdir, points, os.path.join(workdir, 'curve.png'))
+      rows[-1]['dev_curve'] = [(p['minutes'], p['dev_bleu']) for p in points]
     print(json.dumps(rows[-1]), flush=True)
   with open(os.path.join(args.out, 'summary.jsonl'), 'a') as f:
     for row in rows:

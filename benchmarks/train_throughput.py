@@ -4,9 +4,9 @@ side by side with Flax's WMT example as an anchor.
   python benchmarks/train_throughput.py --config small [--steps 10] [--dtype float32]
   python benchmarks/train_throughput.py --config small --flax_wmt DIR [--rounds 3]
 
-With --flax_wmt (DIR is `examples/wmt` of a clone of github.com/google/flax;
-its train.py imports clu: `pip install clu`), Flax's own `models.Transformer`
-and `train.train_step`, unchanged and pmapped as its train.py does, train the
+With --flax_wmt (DIR is `examples/wmt` of a clone of github.com/google/flax),
+Flax's own `models.Transformer` and `train.train_step`, unchanged and
+pmapped as its train.py does, train the
 same architecture on the same batch, and the two steps are timed in
 alternating rounds in this process, so that drift of the machine's speed
 hits both alike. For identical computation our model then takes Flax's
@@ -25,11 +25,13 @@ MFU. MFU = model FLOPs per step / step time / peak FLOP/s, where
 in the same run: the best FLOP/s of a large `jnp.dot` in the same dtype.
 """
 import argparse
+import ast
 import functools
 import os
 import resource
 import sys
 import time
+import types
 
 import jax
 import jax.numpy as jnp
@@ -122,16 +124,48 @@ def our_step(model_config, batches):
   return run, compile_seconds, params
 
 
+def flax_wmt_train_module(flax_wmt: str):
+  """(Flax's `models` module, a namespace of its train.py's step
+  definitions).
+
+  The definitions (TrainState, the schedule, the loss and metrics,
+  `train_step`) are taken from train.py's source unchanged and executed with
+  the imports they use; the rest of the module is left out, because its
+  input pipeline imports tensorflow_text and clu, which the step does not
+  need.
+  """
+  from flax import linen  # pylint: disable=import-outside-toplevel
+  from flax.training import common_utils, dynamic_scale, train_state  # pylint: disable=import-outside-toplevel
+  import optax  # pylint: disable=import-outside-toplevel
+  sys.path.insert(0, os.path.abspath(flax_wmt))
+  import models  # pylint: disable=import-outside-toplevel
+  path = os.path.join(flax_wmt, 'train.py')
+  with open(path) as f:
+    tree = ast.parse(f.read())
+  wanted = {'TrainState', 'rsqrt_schedule', 'create_learning_rate_schedule',
+            'compute_weighted_cross_entropy', 'compute_weighted_accuracy',
+            'compute_metrics', 'train_step'}
+  body = [node for node in tree.body if getattr(node, 'name', None) in wanted]
+  missing = wanted - {node.name for node in body}
+  if missing:
+    raise SystemExit(f'--flax_wmt {flax_wmt}: train.py has no '
+                     f'{sorted(missing)}; pass examples/wmt of a Flax clone.')
+  namespace = dict(functools=functools, jax=jax, jnp=jnp, np=np, optax=optax,
+                   nn=linen, common_utils=common_utils,
+                   dynamic_scale_lib=dynamic_scale, train_state=train_state,
+                   models=models)
+  exec(compile(ast.Module(body, type_ignores=[]), path, 'exec'), namespace)  # pylint: disable=exec-used
+  return models, types.SimpleNamespace(**namespace)
+
+
 def flax_wmt_step(flax_wmt: str, model_config, batches):
   """Flax's WMT example's train step on the same architecture and batches,
   set up as its train.py's `train_and_evaluate` does (adamw with b2=0.98,
   eps=1e-9, its rsqrt schedule, label smoothing 0.1, pmap over 'batch')."""
-  sys.path.insert(0, os.path.abspath(flax_wmt))
-  import models as flax_models  # pylint: disable=import-outside-toplevel
-  import train as flax_train  # pylint: disable=import-outside-toplevel
   from flax import jax_utils  # pylint: disable=import-outside-toplevel
   from flax.training import common_utils  # pylint: disable=import-outside-toplevel
   import optax  # pylint: disable=import-outside-toplevel
+  flax_models, flax_train = flax_wmt_train_module(flax_wmt)
   cfg = model_config
   config = flax_models.TransformerConfig(
       vocab_size=cfg.vocab_size, output_vocab_size=cfg.vocab_size,
