@@ -9,8 +9,12 @@ Prints, each phase in its own process (so that its peak memory is its own):
             wall time and peak resident memory;
   restart   a fresh process, as a resumed run starts: time to its first
             'pack' batch at --resume_step (the cache is read, not written),
-            then batches/s, and peak memory; run as 1 process and as each
-            of 2 processes of one run (process_index 0 and 1 at once).
+            then batches/s, and peak memory; run as 1 process without the
+            stored batch counts of epochs (data/epoch_counts.py: a first
+            resume plans every epoch before the step, and stores their
+            counts), then with them (as a run that trained up to the step
+            left them) as 1 process and as each of 2 processes of one run
+            (process_index 0 and 1 at once).
 
 With --workdir naming a folder that already holds train.tsv, the data and
 the tokenizer are kept, and 'tokenise' finds the cache: it shows what a
@@ -25,6 +29,7 @@ an idle machine does.
 """
 
 import argparse
+import glob
 import json
 import os
 import resource
@@ -176,12 +181,16 @@ def main() -> None:
           f'({tokenised["examples"] / tokenised["seconds"]:,.0f} pairs/s; '
           f'{tokenised["cpu_seconds"]:.0f} s of CPU time in all), peak memory '
           f'{tokenised["peak_gib"]:.2f} GiB')
-    for count in (1, 2):
+    for stored in glob.glob(os.path.join(workdir, 'tokenizer', 'token_cache',
+                                         'train-*', 'epochs-*.json')):
+      os.remove(stored)
+    for count, counts in ((1, 'not stored'), (1, 'stored'), (2, 'stored')):
       runs = [in_subprocess('--phase', 'restart', '--process', str(i),
                             str(count), *common) for i in range(count)]
       for index, run in enumerate(runs):
         r = result_of(run)
-        print(f'restart, process {index} of {count}: imports '
+        print(f'restart, epoch counts {counts}, process {index} of {count}: '
+              f'imports '
               f'{r["import_seconds"]:.1f} s, first batch (step '
               f'{args.resume_step:,}) {r["first_batch_seconds"]:.1f} s, then '
               f'{r["batches_per_second"]:.0f} batches/s, peak memory '
