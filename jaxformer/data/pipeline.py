@@ -45,6 +45,7 @@ from __future__ import annotations
 
 import itertools
 import os
+import weakref
 from collections.abc import Iterator
 
 import ml_collections
@@ -106,8 +107,15 @@ def gather_examples(examples: TokenizedSplit, rows: tf.Tensor,
                     ) -> tuple[tf.RaggedTensor, tf.RaggedTensor]:
   """Examples `rows` [k] int32 as (source, target) [k, (length)] int32,
   read from `examples` (the token cache) when the batch is made; cut to the
-  max lengths (keeping EOS) when given."""
+  max lengths (keeping EOS) when given.  The caller keeps `examples` alive
+  while the dataset runs (see `_as_numpy`)."""
+  # TensorFlow keeps a numpy_function's Python function as long as the
+  # process when built eagerly: held weakly, a split closes with its stream.
+  split = weakref.ref(examples)
+
   def read(rows):
+    if (examples := split()) is None:  # Its stream was dropped mid-read.
+      raise RuntimeError('a batch of a closed stream was being read')
     return examples.gather(rows, max_source_length, max_target_length)
 
   source, source_splits, target, target_splits = tf.numpy_function(
@@ -441,10 +449,19 @@ def _start_tensorflow(process_index: int, process_count: int) -> None:
     pass
 
 
-def _as_numpy(dataset: tf.data.Dataset) -> Iterator[Batch]:
+def _as_numpy(dataset: tf.data.Dataset, examples: TokenizedSplit
+              ) -> Iterator[Batch]:
+  """The batches of `dataset` (which starts reading now), holding
+  `examples`, which its gather_examples read, while they are iterated."""
   options = tf.data.Options()
   options.deterministic = True
-  return dataset.with_options(options).prefetch(tf.data.AUTOTUNE).as_numpy_iterator()
+  iterator = dataset.with_options(options).prefetch(
+      tf.data.AUTOTUNE).as_numpy_iterator()
+
+  def batches(holding=examples):
+    yield from iterator
+
+  return batches()
 
 
 def translation_train_batches(
@@ -479,7 +496,7 @@ def translation_train_batches(
   dataset = builders[data_config.batching](examples, data_config, start_step,
                                            process_index, process_count,
                                            row_multiple)
-  return _as_numpy(dataset)
+  return _as_numpy(dataset, examples)
 
 
 # ---------------------------------------------------------------- evaluation
@@ -527,4 +544,4 @@ def translation_eval_batches(
 
   dataset = tf.data.Dataset.range(num_batches).map(
       make_batch, num_parallel_calls=tf.data.AUTOTUNE)
-  return _as_numpy(dataset)
+  return _as_numpy(dataset, examples)
