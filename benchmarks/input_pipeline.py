@@ -4,13 +4,18 @@ the token cache.
 Prints, each phase in its own process (so that its peak memory is its own):
   generate  a synthetic TSV of --pairs built-in sentence pairs (not timed
             as part of the pipeline);
-  tokenizer a joint model trained on a --sample_size sample of it;
+  tokenizer a joint model trained on a --sample_size sample of it, as a
+            run trains it: wall time and peak resident memory;
   tokenise  the train split into the token cache (data/token_cache.py):
             wall time and peak resident memory;
   restart   a fresh process, as a resumed run starts: time to its first
             'pack' batch at --resume_step (the cache is read, not written),
-            then batches/s, and peak memory; run as 1 process and as each
-            of 2 processes of one run (process_index 0 and 1 at once).
+            then batches/s, and peak memory; run as 1 process without the
+            stored batch counts of epochs (data/epoch_counts.py: a first
+            resume plans every epoch before the step, and stores their
+            counts), then with them (as a run that trained up to the step
+            left them) as 1 process and as each of 2 processes of one run
+            (process_index 0 and 1 at once).
 
 With --workdir naming a folder that already holds train.tsv, the data and
 the tokenizer are kept, and 'tokenise' finds the cache: it shows what a
@@ -25,6 +30,7 @@ an idle machine does.
 """
 
 import argparse
+import glob
 import json
 import os
 import resource
@@ -67,17 +73,15 @@ def generate(tsv: str, num_pairs: int, seed: int = 1) -> None:
       f.writelines(f'{source}\t{target}\n' for source, target in pairs)
 
 
-def train_tokenizer(tsv: str, workdir: str, sample_size: int) -> None:
-  """The run's tokenizer, trained on every k-th pair (streamed)."""
-  from jaxformer.data import sources
+def phase_tokenizer(tsv: str, workdir: str, sample_size: int) -> dict:
+  """The run's joint tokenizer, trained as `jaxformer train` does (a seeded
+  sample drawn while the TSV is streamed)."""
   from jaxformer.data import tokenizer as tokenizer_lib
   config = data_config(tsv)
-  lines = sum(1 for _ in open(tsv, 'rb'))
-  every = max(1, lines // sample_size)
-  texts = [text for i, pair in enumerate(sources.iter_split(config, 'train'))
-           if i % every == 0 for text in pair]
-  tokenizer_lib.train_tokenizer(texts, os.path.join(workdir, 'tokenizer', 'joint'),
-                                config.tokenizer)
+  config.tokenizer.sample_size = sample_size
+  start = time.perf_counter()
+  tokenizer_lib.get_or_train(config, workdir, process_index=0)
+  return dict(seconds=time.perf_counter() - start, peak_gib=peak_memory_gib())
 
 
 def phase_tokenise(tsv: str, workdir: str) -> dict:
@@ -146,9 +150,13 @@ def main() -> None:
   args = parser.parse_args()
   if args.phase:  # One phase, in a subprocess started below.
     tsv = os.path.join(args.workdir, 'train.tsv')
-    result = (phase_tokenise(tsv, args.workdir) if args.phase == 'tokenise' else
-              phase_restart(tsv, args.workdir, args.resume_step, args.batches,
-                            *args.process))
+    if args.phase == 'tokenizer':
+      result = phase_tokenizer(tsv, args.workdir, args.sample_size)
+    elif args.phase == 'tokenise':
+      result = phase_tokenise(tsv, args.workdir)
+    else:
+      result = phase_restart(tsv, args.workdir, args.resume_step, args.batches,
+                             *args.process)
     print(json.dumps(result))
     return
 
@@ -163,10 +171,12 @@ def main() -> None:
       generate(tsv, args.pairs)
       print(f'generate {args.pairs:,} pairs ({os.path.getsize(tsv) / 2**20:.0f} '
             f'MiB TSV): {time.perf_counter() - start:.1f} s')
-      start = time.perf_counter()
-      train_tokenizer(tsv, workdir, args.sample_size)
+      trained = result_of(in_subprocess(
+          '--phase', 'tokenizer', '--workdir', workdir, '--sample_size',
+          str(args.sample_size)))
       print(f'train the tokenizer on {args.sample_size:,} pairs: '
-            f'{time.perf_counter() - start:.1f} s')
+            f'{trained["seconds"]:.1f} s, peak memory '
+            f'{trained["peak_gib"]:.2f} GiB')
     common = ['--workdir', workdir, '--resume_step', str(args.resume_step),
               '--batches', str(args.batches)]
     tokenised = result_of(in_subprocess('--phase', 'tokenise', *common))
@@ -176,12 +186,16 @@ def main() -> None:
           f'({tokenised["examples"] / tokenised["seconds"]:,.0f} pairs/s; '
           f'{tokenised["cpu_seconds"]:.0f} s of CPU time in all), peak memory '
           f'{tokenised["peak_gib"]:.2f} GiB')
-    for count in (1, 2):
+    for stored in glob.glob(os.path.join(workdir, 'tokenizer', 'token_cache',
+                                         'train-*', 'epochs-*.json')):
+      os.remove(stored)
+    for count, counts in ((1, 'not stored'), (1, 'stored'), (2, 'stored')):
       runs = [in_subprocess('--phase', 'restart', '--process', str(i),
                             str(count), *common) for i in range(count)]
       for index, run in enumerate(runs):
         r = result_of(run)
-        print(f'restart, process {index} of {count}: imports '
+        print(f'restart, epoch counts {counts}, process {index} of {count}: '
+              f'imports '
               f'{r["import_seconds"]:.1f} s, first batch (step '
               f'{args.resume_step:,}) {r["first_batch_seconds"]:.1f} s, then '
               f'{r["batches_per_second"]:.0f} batches/s, peak memory '

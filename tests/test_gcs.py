@@ -157,6 +157,8 @@ def test_a_token_cache_on_gs_is_written_once_and_read_by_ranges(
   cache = 'gs://test-bucket/cache-run/tokenizer/token_cache'
   in_memory = token_cache.tokenized_split(config, 'train', tok, tok)
   expected = next(pipeline.translation_train_batches(config, tok, tok))
+  expected_at_20 = next(pipeline.translation_train_batches(
+      config, tok, tok, start_step=20))
   token_cache.tokenized_split(config, 'train', tok, tok, cache)
   (folder,) = paths.list_dir(cache)
   assert 'manifest.json' in paths.list_dir(paths.join(cache, folder))
@@ -171,6 +173,16 @@ def test_a_token_cache_on_gs_is_written_once_and_read_by_ranges(
                                                   token_cache=cache))
   for key in expected:
     np.testing.assert_array_equal(batch[key], expected[key], err_msg=key)
+  # A resume stores the epochs' batch counts beside the cache, and reads them.
+  resumed = [next(pipeline.translation_train_batches(
+      config, tok, tok, start_step=20, token_cache=cache)) for _ in range(2)]
+  (counts,) = [name for name in paths.list_dir(paths.join(cache, folder))
+               if name.startswith('epochs-')]
+  assert len(json.loads(paths.read_text(paths.join(cache, folder, counts)))[
+      'counts']) >= 2
+  for batch in resumed:
+    for key in expected_at_20:
+      np.testing.assert_array_equal(batch[key], expected_at_20[key], err_msg=key)
   no_gs_folder(tmp_path, os.getcwd())
 
 

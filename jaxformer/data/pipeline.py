@@ -28,10 +28,12 @@ yield identical shapes at every step.
 
 Resume cost: the number of batches in epoch e is known without producing them
 ('bucket': a constant; 'pack': one vectorised packing plan, O(n log n) on
-lengths only), so starting at step k costs one plan per completed epoch, run
-in parallel on the CPU cores, and moves no tokens.  That is about 1 us per
-example skipped on one busy core: ~10 s to resume the built-in data (80
-examples per batch) at step 100k on 2 cores.
+lengths only).  'pack' counts are kept once computed (epoch_counts.py,
+beside the token cache; the training stream records each epoch's as it
+plans it), so a resumed run plans only the epoch it resumes in; epochs
+whose count is not stored (no token cache, or a first resume) are planned
+in parallel on the CPU cores, moving no tokens: about 1 us per example
+skipped on one busy core.
 
 Memory: the lengths of all examples (4 bytes per example and side) and the
 plan of the current epoch (about 30 bytes per example for 'pack') live in
@@ -41,13 +43,16 @@ or by ranged reads from a remote one (in memory only without a cache).
 
 from __future__ import annotations
 
+import itertools
 import os
+import weakref
 from collections.abc import Iterator
 
 import ml_collections
 import numpy as np
 import tensorflow as tf
 
+from jaxformer.data import epoch_counts
 from jaxformer.data import sources
 from jaxformer.data import token_cache as token_cache_lib
 from jaxformer.data import tokenizer as tokenizer_lib
@@ -56,6 +61,8 @@ from jaxformer.data.token_cache import TokenizedSplit
 Batch = dict[str, np.ndarray]
 _BUCKET_GRANULARITY = 8
 _PLAN_EXAMPLES = 1 << 22  # examples planned at once when resuming
+# Names the packing plans in stored epoch counts: change it when they change.
+_PLANNER = f'packing_plan 1, tensorflow {tf.__version__}'
 
 
 def training_examples(data_config: ml_collections.ConfigDict,
@@ -100,8 +107,15 @@ def gather_examples(examples: TokenizedSplit, rows: tf.Tensor,
                     ) -> tuple[tf.RaggedTensor, tf.RaggedTensor]:
   """Examples `rows` [k] int32 as (source, target) [k, (length)] int32,
   read from `examples` (the token cache) when the batch is made; cut to the
-  max lengths (keeping EOS) when given."""
+  max lengths (keeping EOS) when given.  The caller keeps `examples` alive
+  while the dataset runs (see `_as_numpy`)."""
+  # TensorFlow keeps a numpy_function's Python function as long as the
+  # process when built eagerly: held weakly, a split closes with its stream.
+  split = weakref.ref(examples)
+
   def read(rows):
+    if (examples := split()) is None:  # Its stream was dropped mid-read.
+      raise RuntimeError('a batch of a closed stream was being read')
     return examples.gather(rows, max_source_length, max_target_length)
 
   source, source_splits, target, target_splits = tf.numpy_function(
@@ -230,34 +244,53 @@ def packing_plan(source_lengths, target_lengths, max_source_length,
   return order, tf.concat([row_starts, [tf.size(order)]], axis=0)
 
 
-def _locate_step(step: int, batches_in_epoch, num_examples: int
+def _locate_step(step: int, batches_in_epoch, num_examples: int,
+                 counts: epoch_counts.EpochCounts | None = None
                  ) -> tuple[int, int]:
   """(epoch, batch within epoch) of global batch number `step`.
 
-  `batches_in_epoch(epoch)` is a TensorFlow function, run for successive
-  epochs in parallel on the CPU cores, as many at once as host memory
-  allows (a plan needs ~120 bytes per example while it is computed).
+  Epochs whose batch count `counts` knows are not planned; the next ones
+  are, by `batches_in_epoch(epoch)` (a TensorFlow function), in parallel
+  on the CPU cores, as many at once as host memory allows (a plan needs
+  ~120 bytes per example while it is computed), and recorded in `counts`.
   """
   if step == 0:
     return 0, 0
-  parallel = max(1, min(os.cpu_count() or 1,
-                        _PLAN_EXAMPLES // max(num_examples, 1)))
-  counts = tf.data.Dataset.range(np.iinfo(np.int64).max).map(
-      batches_in_epoch, num_parallel_calls=parallel)
-  for epoch, count in enumerate(counts.as_numpy_iterator()):
+  known = counts.known() if counts else []
+  planned = _planned_counts(len(known), batches_in_epoch, num_examples)
+  for epoch, count in itertools.chain(enumerate(known), planned):
+    if counts and epoch >= len(known):
+      counts.record(epoch, count)
     if step < count:
       return epoch, step
     step -= count
   raise AssertionError('unreachable: the epochs never end')
 
 
-def _batches_from(first_epoch: int, first_batch: int, epoch_plan, batches_of_epoch
-                  ) -> tf.data.Dataset:
-  """Plan elements of every epoch from `first_epoch`, skipping `first_batch`."""
+def _planned_counts(first_epoch: int, batches_in_epoch, num_examples: int
+                    ) -> Iterator[tuple[int, int]]:
+  """(epoch, batches) of epochs first_epoch, first_epoch + 1, ..., planned
+  (from the first next() on)."""
+  parallel = max(1, min(os.cpu_count() or 1,
+                        _PLAN_EXAMPLES // max(num_examples, 1)))
+  counts = tf.data.Dataset.range(first_epoch, np.iinfo(np.int64).max).map(
+      batches_in_epoch, num_parallel_calls=parallel)
+  yield from enumerate(counts.as_numpy_iterator(), start=first_epoch)
+
+
+def _batches_from(first_epoch: int, first_batch: int, epoch_plan, batches_of_epoch,
+                  record=None) -> tf.data.Dataset:
+  """Plan elements of every epoch from `first_epoch`, skipping `first_batch`;
+  `record(epoch, batches)`, if given, is told each epoch's count."""
   def batches(epoch):
     plan = epoch_plan(epoch)
+    count = batches_of_epoch(plan)
+    if record is not None:
+      count = tf.ensure_shape(tf.numpy_function(
+          lambda epoch, count: (record(epoch, count), count)[1],
+          [epoch, count], tf.int64, stateful=True), [])
     first = tf.where(epoch == first_epoch, tf.constant(first_batch, tf.int64), 0)
-    batch_numbers = tf.data.Dataset.range(first, batches_of_epoch(plan))
+    batch_numbers = tf.data.Dataset.range(first, count)
     return batch_numbers.map(lambda number: (plan, number))
 
   return tf.data.Dataset.range(first_epoch, np.iinfo(np.int64).max).flat_map(batches)
@@ -296,10 +329,15 @@ def _packed_dataset(examples: TokenizedSplit, data_config, start_step: int,
     return pack_into_rows(source, target, row_of_example, rows, max_source,
                           max_target)
 
+  counts = None if examples.folder is None else epoch_counts.packing(
+      data_config, examples.folder, examples.source_lengths,
+      examples.target_lengths, _PLANNER,
+      writer=process_index == 0)
   first_epoch, first_batch = _locate_step(
       start_step, lambda epoch: batches_of_epoch(epoch_plan(epoch)),
-      examples.num_examples)
-  plans = _batches_from(first_epoch, first_batch, epoch_plan, batches_of_epoch)
+      examples.num_examples, counts)
+  plans = _batches_from(first_epoch, first_batch, epoch_plan, batches_of_epoch,
+                        counts.record if counts else None)
   return plans.map(make_batch, num_parallel_calls=tf.data.AUTOTUNE)
 
 
@@ -411,10 +449,19 @@ def _start_tensorflow(process_index: int, process_count: int) -> None:
     pass
 
 
-def _as_numpy(dataset: tf.data.Dataset) -> Iterator[Batch]:
+def _as_numpy(dataset: tf.data.Dataset, examples: TokenizedSplit
+              ) -> Iterator[Batch]:
+  """The batches of `dataset` (which starts reading now), holding
+  `examples`, which its gather_examples read, while they are iterated."""
   options = tf.data.Options()
   options.deterministic = True
-  return dataset.with_options(options).prefetch(tf.data.AUTOTUNE).as_numpy_iterator()
+  iterator = dataset.with_options(options).prefetch(
+      tf.data.AUTOTUNE).as_numpy_iterator()
+
+  def batches(holding=examples):
+    yield from iterator
+
+  return batches()
 
 
 def translation_train_batches(
@@ -449,7 +496,7 @@ def translation_train_batches(
   dataset = builders[data_config.batching](examples, data_config, start_step,
                                            process_index, process_count,
                                            row_multiple)
-  return _as_numpy(dataset)
+  return _as_numpy(dataset, examples)
 
 
 # ---------------------------------------------------------------- evaluation
@@ -497,4 +544,4 @@ def translation_eval_batches(
 
   dataset = tf.data.Dataset.range(num_batches).map(
       make_batch, num_parallel_calls=tf.data.AUTOTUNE)
-  return _as_numpy(dataset)
+  return _as_numpy(dataset, examples)

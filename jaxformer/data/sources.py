@@ -160,6 +160,15 @@ def iter_lines(path: str) -> Iterator[str]:
                     'file with one example per line')
 
 
+def count_lines(path: str) -> int:
+  """How many lines `iter_lines(path)` yields, counted in the raw blocks
+  (nothing is decoded or checked)."""
+  count = 0
+  for block in _blocks(path):
+    count += block.count(b'\n') + (not block.endswith(b'\n'))
+  return count
+
+
 def read_lines(path: str) -> list[str]:
   """All lines of `iter_lines(path)`."""
   return list(iter_lines(path))
@@ -298,6 +307,15 @@ def iter_split(data_config: ml_collections.ConfigDict, split: str
 def read_split(data_config: ml_collections.ConfigDict, split: str) -> list[Pair]:
   """All (source, target) sentence pairs of `split` ('train', 'dev' or 'test')."""
   return list(iter_split(data_config, split))
+
+
+def count_pairs(data_config: ml_collections.ConfigDict, split: str) -> int:
+  """How many pairs `iter_split` yields, if it yields without error: lines
+  counted without decoding for 'tsv' and 'files', else the pairs read."""
+  files = split_files(data_config, split)
+  if data_config.source in ('tsv', 'files') and files:
+    return count_lines(files[0])
+  return sum(1 for _ in iter_split(data_config, split))
 
 
 def split_files(data_config: ml_collections.ConfigDict, split: str) -> list[str]:

@@ -154,6 +154,7 @@ class TokenizedSplit:
   """Token ids of a split's examples (source and target side)."""
   source: RaggedTokens
   target: RaggedTokens
+  folder: str | None = None  # its token cache folder; None: in memory
 
   @property
   def num_examples(self) -> int:
@@ -169,7 +170,8 @@ class TokenizedSplit:
 
   def subset(self, rows: np.ndarray) -> TokenizedSplit:
     """Examples `rows` [k] (no token is read or copied)."""
-    return TokenizedSplit(self.source.subset(rows), self.target.subset(rows))
+    return dataclasses.replace(self, source=self.source.subset(rows),
+                               target=self.target.subset(rows))
 
   def gather(self, rows: np.ndarray, max_source_length: int | None = None,
              max_target_length: int | None = None) -> tuple[np.ndarray, ...]:
@@ -220,10 +222,12 @@ def encoded_shards(pairs: Iterable[sources.Pair],
     yield {name: np.concatenate(arrays) for name, arrays in parts.items()}
 
 
-def _from_shards(shards: list[dict]) -> TokenizedSplit:
+def _from_shards(shards: list[dict], folder: str | None = None
+                 ) -> TokenizedSplit:
   return TokenizedSplit(*(RaggedTokens.from_shards(
       [shard[side] for shard in shards],
-      [shard[f'{side}_lengths'] for shard in shards]) for side in SIDES))
+      [shard[f'{side}_lengths'] for shard in shards]) for side in SIDES),
+      folder=folder)
 
 
 # --------------------------------------------------------------- the cache
@@ -302,7 +306,7 @@ def read(folder: str) -> TokenizedSplit:
       shard[f'{side}_lengths'] = np.load(io.BytesIO(
           paths.read_bytes(f'{prefix}_lengths.npy')), allow_pickle=False)
     shards.append(shard)
-  return _from_shards(shards)
+  return _from_shards(shards, folder)
 
 
 def _wait_for(path: str, timeout_seconds: float) -> None:

@@ -15,7 +15,7 @@ from __future__ import annotations
 import io
 import os
 import time
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Iterator, Sequence
 
 import ml_collections
 import numpy as np
@@ -134,15 +134,38 @@ def _given_model_paths(tok_config: ml_collections.ConfigDict) -> tuple[str, ...]
           tok_config.get('target_model_path', ''))
 
 
+def _sample(data_config: ml_collections.ConfigDict) -> Iterator[sources.Pair]:
+  """A seeded sample of data.tokenizer.sample_size train pairs, in split
+  order.  Files are read in two streaming passes (count, then collect), so
+  only the sample is ever in memory."""
+  if sources.split_files(data_config, 'train'):
+    num_pairs = sources.count_pairs(data_config, 'train')
+    pairs = sources.iter_split(data_config, 'train')
+  else:  # 'builtin' and 'tfds' splits are made in memory anyway.
+    pairs = sources.read_split(data_config, 'train')
+    num_pairs = len(pairs)
+  sample_size = min(data_config.tokenizer.sample_size, num_pairs)
+  rng = np.random.default_rng(data_config.seed)
+  chosen = np.sort(rng.choice(num_pairs, sample_size, replace=False)).tolist()
+  chosen.append(-1)  # Past the last one.
+  next_chosen = 0
+  for index, pair in enumerate(pairs):
+    if index == chosen[next_chosen]:
+      next_chosen += 1
+      yield pair
+  if next_chosen < sample_size:
+    raise sources.DataError(
+        f'the train split had {num_pairs} pairs when counted, then fewer; '
+        'was it changed while the tokenizer was trained? Train again')
+
+
 def _training_texts(data_config: ml_collections.ConfigDict
                     ) -> tuple[list[str], ...]:
   """A seeded sample of train sentences per model: (joint,) or (source, target)."""
-  pairs = sources.read_split(data_config, 'train')
-  sample_size = min(data_config.tokenizer.sample_size, len(pairs))
-  rng = np.random.default_rng(data_config.seed)
-  chosen = np.sort(rng.choice(len(pairs), sample_size, replace=False))
-  source_texts = [pairs[i][0] for i in chosen]
-  target_texts = [pairs[i][1] for i in chosen]
+  source_texts, target_texts = [], []
+  for source, target in _sample(data_config):
+    source_texts.append(source)
+    target_texts.append(target)
   if data_config.tokenizer.joint:  # Language modelling pairs have '' targets.
     return ([text for text in source_texts + target_texts if text],)
   return source_texts, target_texts

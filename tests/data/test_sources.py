@@ -46,12 +46,14 @@ def test_tsv_plain_and_gzipped(tmp_path, name, compress):
   text = ''.join(f'{s}\t{t}\n' for s, t in PAIRS)
   config = tsv_config(train=write(tmp_path / name, text, compress))
   assert sources.read_split(config, 'train') == PAIRS
+  assert sources.count_pairs(config, 'train') == len(PAIRS)
 
 
 def test_tsv_tolerates_crlf_and_missing_final_newline(tmp_path):
   text = '\r\n'.join(f'{s}\t{t}' for s, t in PAIRS)
   config = tsv_config(dev=write(tmp_path / 'dev.tsv', text))
   assert sources.read_split(config, 'dev') == PAIRS
+  assert sources.count_pairs(config, 'dev') == len(PAIRS)
 
 
 @pytest.mark.parametrize('compress', [False, True])
@@ -61,6 +63,19 @@ def test_line_aligned_file_pair(tmp_path, compress):
       test_source=write(tmp_path / f'test.en{suffix}', ''.join(s + '\n' for s, _ in PAIRS), compress),
       test_target=write(tmp_path / f'test.de{suffix}', ''.join(t + '\n' for _, t in PAIRS), compress))
   assert sources.read_split(config, 'test') == PAIRS
+  assert sources.count_pairs(config, 'test') == len(PAIRS)
+
+
+def test_lines_are_counted_across_blocks_without_decoding(tmp_path, monkeypatch):
+  monkeypatch.setattr(sources, '_BLOCK_BYTES', 5)
+  for text in ('a\tb\nlonger line\tc\r\n\xe4\tx', 'a\tb\n' * 7, ''):
+    path = write(tmp_path / 'train.tsv', text)
+    assert sources.count_lines(path) == len(list(sources.iter_lines(path))
+                                            if text else [])
+  config = default_data_config()
+  config.source = 'text'  # Blank lines are no documents.
+  config.text.train = write(tmp_path / 'lm.txt', 'one\n\n  \ntwo\n')
+  assert sources.count_pairs(config, 'train') == 2
 
 
 def test_missing_file_names_it(tmp_path):

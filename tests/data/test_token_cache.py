@@ -1,7 +1,9 @@
 """The token cache: written once, committed by its manifest, keyed by the data
 and the tokenizer, read back row by row (data/token_cache.py)."""
+import gc
 import itertools
 import os
+import weakref
 
 import numpy as np
 import pytest
@@ -180,3 +182,27 @@ def test_the_cache_directory_follows_the_config(tmp_path):
   assert token_cache.directory(config, str(tmp_path)) == 'gs://b/shared'
   config.token_cache = False
   assert token_cache.directory(config, str(tmp_path)) is None
+
+
+def test_a_long_lived_process_keeps_only_the_last_few_splits_open(tmp_path, tok):
+  """Splits leave the process-wide cache in LRU order, and close once no
+  stream reads them (TensorFlow keeps every numpy_function's Python
+  function as long as the process: it must not hold the split)."""
+  config = tsv_config(write_tsv(tmp_path / 'train.tsv', PAIRS[:20]))
+  caches = [str(tmp_path / f'cache{i}') for i in range(token_cache._IN_MEMORY + 1)]
+  first = weakref.ref(token_cache.tokenized_split(
+      config, 'train', tok, tok, caches[0]).source.shards[0])
+  stream = pipeline.translation_train_batches(config, tok, tok,
+                                              token_cache=caches[0])
+  want = list(itertools.islice(pipeline.translation_train_batches(
+      config, tok, tok), 2))
+  for cache in caches[1:]:
+    next(pipeline.translation_eval_batches(config, tok, tok, 'train',
+                                           token_cache=cache))
+  assert [cache for _, cache in token_cache._open_splits] == caches[1:]
+  gc.collect()
+  for got in (next(stream), next(stream)):  # It holds its split.
+    np.testing.assert_array_equal(got['inputs'], want.pop(0)['inputs'])
+  del stream
+  gc.collect()
+  assert first() is None  # Its memory map is closed.

@@ -9,6 +9,7 @@ import sentencepiece as spm
 
 from jaxformer.data import builtin
 from jaxformer.data.config import default_data_config
+from jaxformer.data import sources
 from jaxformer.data import tokenizer as tokenizer_lib
 from jaxformer.data.sources import DataError
 from jaxformer.data.tokenizer import BOS_ID, EOS_ID, PAD_ID, UNK_ID
@@ -79,6 +80,25 @@ def test_get_or_train_trains_once_then_reuses_the_workdir_model(tmp_path):
   again, _ = tokenizer_lib.get_or_train(config, str(tmp_path), process_index=0)
   assert path.stat().st_mtime_ns == written
   assert again.serialized_model_proto() == source_tok.serialized_model_proto()
+
+
+def test_the_sample_is_seeded_and_streamed_never_whole(tmp_path, monkeypatch):
+  pairs = builtin.generate(300, 1, 'train')
+  config = small_config()
+  config.update(source='tsv', seed=7)
+  config.tsv.train = str(tmp_path / 'train.tsv')
+  (tmp_path / 'train.tsv').write_text(
+      ''.join(f'{s}\t{t}\n' for s, t in pairs), encoding='utf-8')
+  config.tokenizer.sample_size = 50
+  monkeypatch.setattr(sources, 'read_split', lambda *a: pytest.fail('read whole'))
+  monkeypatch.setattr(sources, '_BLOCK_BYTES', 1000)
+  chosen = np.sort(np.random.default_rng(7).choice(300, 50, replace=False))
+  assert list(tokenizer_lib._sample(config)) == [pairs[i] for i in chosen]
+  config.tokenizer.sample_size = 1000
+  assert list(tokenizer_lib._sample(config)) == pairs
+  monkeypatch.setattr(sources, 'count_pairs', lambda *a: 310)  # Then shrunk.
+  with pytest.raises(DataError, match='had 310 pairs when counted, then fewer'):
+    list(tokenizer_lib._sample(config))
 
 
 def test_separate_source_and_target_models(tmp_path):
