@@ -33,6 +33,11 @@ class Budget:
   def remaining(self) -> float:
     return self.max_seconds - self.elapsed()
 
+  def wall_seconds_left(self) -> float:
+    """`remaining` by time.monotonic, for progress lines: it leaves the
+    budget's own clock unread, so that only steps decide when it is spent."""
+    return self.start + self.max_seconds - time.monotonic()
+
   def spent(self, step: int) -> bool:
     """Whether to stop after `step`; call once at every step."""
     if not self.max_seconds:

@@ -287,7 +287,8 @@ class Trainer:
         token_cache=self.token_cache)
     writer = MetricsWriter(self.workdir, enabled=self.is_main)
     measure_at = self._budget_measure_step(start_step)
-    seconds_left = self.budget.remaining if train.max_minutes else None
+    seconds_left = (self.budget.wall_seconds_left if train.max_minutes
+                    else None)
     progress = Progress(train.num_steps, start_step, enabled=self.is_main,
                         seconds_left=seconds_left)
     peak_flops = train.peak_flops or measure_peak_flops()
