@@ -253,7 +253,9 @@ def _prepare_tfds(builder, settings: ml_collections.ConfigDict) -> None:
         'and set data.tfds.data_dir=DIR') from None
 
 
-def _read_tfds(data_config: ml_collections.ConfigDict, split: str) -> list[Pair]:
+def _read_tfds(data_config: ml_collections.ConfigDict, split: str
+               ) -> Iterator[Pair]:
+  """The split's pairs, read 4,096 at a time (never the whole split)."""
   settings = data_config.tfds
   builder = _tfds_builder(settings)
   languages = (settings.source_language, settings.target_language)
@@ -271,9 +273,9 @@ def _read_tfds(data_config: ml_collections.ConfigDict, split: str) -> list[Pair]
     raise DataError(f'tfds dataset {settings.name!r} has no split {tfds_split!r} '
                     f'({e}); set data.tfds.{split}_split') from None
   pairs = dataset.map(lambda example: tuple(example[lang] for lang in languages))
-  return [(source.decode(), target.decode())
-          for source_batch, target_batch in pairs.batch(4096).as_numpy_iterator()
-          for source, target in zip(source_batch, target_batch)]
+  for source_batch, target_batch in pairs.batch(4096).as_numpy_iterator():
+    yield from ((source.decode(), target.decode())
+                for source, target in zip(source_batch, target_batch))
 
 
 _READERS = {
