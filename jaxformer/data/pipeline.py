@@ -26,7 +26,8 @@ function of (data, config, k) and every process computes the same global plan:
 Each process builds only its own rows of every global batch, so all processes
 yield identical shapes at every step.
 
-Resume cost: the number of batches in epoch e is known without producing them
+Resume cost (epochs.py finds the epoch and batch of a step): the number of
+batches in epoch e is known without producing them
 ('bucket': a constant; 'pack': one vectorised packing plan, O(n log n) on
 lengths only).  'pack' counts are kept once computed (epoch_counts.py,
 beside the token cache; the training stream records each epoch's as it
@@ -43,8 +44,6 @@ or by ranged reads from a remote one (in memory only without a cache).
 
 from __future__ import annotations
 
-import itertools
-import os
 import weakref
 from collections.abc import Iterator
 
@@ -53,6 +52,7 @@ import numpy as np
 import tensorflow as tf
 
 from jaxformer.data import epoch_counts
+from jaxformer.data import epochs
 from jaxformer.data import sources
 from jaxformer.data import token_cache as token_cache_lib
 from jaxformer.data import tokenizer as tokenizer_lib
@@ -60,7 +60,6 @@ from jaxformer.data.token_cache import TokenizedSplit
 
 Batch = dict[str, np.ndarray]
 _BUCKET_GRANULARITY = 8
-_PLAN_EXAMPLES = 1 << 22  # examples planned at once when resuming
 # Names the packing plans in stored epoch counts: change it when they change.
 _PLANNER = f'packing_plan 1, tensorflow {tf.__version__}'
 
@@ -114,9 +113,12 @@ def gather_examples(examples: TokenizedSplit, rows: tf.Tensor,
   split = weakref.ref(examples)
 
   def read(rows):
-    if (examples := split()) is None:  # Its stream was dropped mid-read.
+    # No walrus here: AutoGraph, which converts this function's parent in
+    # tf.data's map, cannot parse one and warns in every run.
+    held = split()
+    if held is None:  # Its stream was dropped mid-read.
       raise RuntimeError('a batch of a closed stream was being read')
-    return examples.gather(rows, max_source_length, max_target_length)
+    return held.gather(rows, max_source_length, max_target_length)
 
   source, source_splits, target, target_splits = tf.numpy_function(
       read, [rows], [tf.int32, tf.int64, tf.int32, tf.int64], stateful=False)
@@ -207,19 +209,6 @@ def pack_into_rows(source: tf.RaggedTensor, target: tf.RaggedTensor,
   return batch
 
 
-def _epoch_seed(seed: int, epoch: tf.Tensor, stream: int) -> tf.Tensor:
-  """[2] int64 seed of one random stream of one epoch."""
-  return tf.stack([tf.constant(seed, tf.int64), 2 * tf.cast(epoch, tf.int64) + stream])
-
-
-def _permutation(size: tf.Tensor, seed: tf.Tensor, shuffle: tf.Tensor) -> tf.Tensor:
-  """[size] int32: a permutation fixed by `seed` [2], or the identity."""
-  order = tf.range(size)
-  return tf.cond(shuffle,
-                 lambda: tf.random.experimental.stateless_shuffle(order, seed=seed),
-                 lambda: order)
-
-
 @tf.function(input_signature=[
     tf.TensorSpec([None], tf.int32), tf.TensorSpec([None], tf.int32),
     tf.TensorSpec([], tf.int32), tf.TensorSpec([], tf.int32),
@@ -237,63 +226,11 @@ def packing_plan(source_lengths, target_lengths, max_source_length,
     order: [examples] int32, the examples in the order they are packed.
     row_bounds: [rows + 1] int32; row r holds order[row_bounds[r]:row_bounds[r + 1]].
   """
-  order = _permutation(tf.size(source_lengths), seed, shuffle)
+  order = epochs.permutation(tf.size(source_lengths), seed, shuffle)
   row_starts = greedy_row_starts(tf.gather(source_lengths, order),
                                  tf.gather(target_lengths, order),
                                  max_source_length, max_target_length)
   return order, tf.concat([row_starts, [tf.size(order)]], axis=0)
-
-
-def _locate_step(step: int, batches_in_epoch, num_examples: int,
-                 counts: epoch_counts.EpochCounts | None = None
-                 ) -> tuple[int, int]:
-  """(epoch, batch within epoch) of global batch number `step`.
-
-  Epochs whose batch count `counts` knows are not planned; the next ones
-  are, by `batches_in_epoch(epoch)` (a TensorFlow function), in parallel
-  on the CPU cores, as many at once as host memory allows (a plan needs
-  ~120 bytes per example while it is computed), and recorded in `counts`.
-  """
-  if step == 0:
-    return 0, 0
-  known = counts.known() if counts else []
-  planned = _planned_counts(len(known), batches_in_epoch, num_examples)
-  for epoch, count in itertools.chain(enumerate(known), planned):
-    if counts and epoch >= len(known):
-      counts.record(epoch, count)
-    if step < count:
-      return epoch, step
-    step -= count
-  raise AssertionError('unreachable: the epochs never end')
-
-
-def _planned_counts(first_epoch: int, batches_in_epoch, num_examples: int
-                    ) -> Iterator[tuple[int, int]]:
-  """(epoch, batches) of epochs first_epoch, first_epoch + 1, ..., planned
-  (from the first next() on)."""
-  parallel = max(1, min(os.cpu_count() or 1,
-                        _PLAN_EXAMPLES // max(num_examples, 1)))
-  counts = tf.data.Dataset.range(first_epoch, np.iinfo(np.int64).max).map(
-      batches_in_epoch, num_parallel_calls=parallel)
-  yield from enumerate(counts.as_numpy_iterator(), start=first_epoch)
-
-
-def _batches_from(first_epoch: int, first_batch: int, epoch_plan, batches_of_epoch,
-                  record=None) -> tf.data.Dataset:
-  """Plan elements of every epoch from `first_epoch`, skipping `first_batch`;
-  `record(epoch, batches)`, if given, is told each epoch's count."""
-  def batches(epoch):
-    plan = epoch_plan(epoch)
-    count = batches_of_epoch(plan)
-    if record is not None:
-      count = tf.ensure_shape(tf.numpy_function(
-          lambda epoch, count: (record(epoch, count), count)[1],
-          [epoch, count], tf.int64, stateful=True), [])
-    first = tf.where(epoch == first_epoch, tf.constant(first_batch, tf.int64), 0)
-    batch_numbers = tf.data.Dataset.range(first, count)
-    return batch_numbers.map(lambda number: (plan, number))
-
-  return tf.data.Dataset.range(first_epoch, np.iinfo(np.int64).max).flat_map(batches)
 
 
 # ------------------------------------------------------------------ training
@@ -312,7 +249,7 @@ def _packed_dataset(examples: TokenizedSplit, data_config, start_step: int,
 
   def epoch_plan(epoch):
     return packing_plan(source_lengths, target_lengths, max_source, max_target,
-                        _epoch_seed(data_config.seed, epoch, 0), shuffle)
+                        epochs.epoch_seed(data_config.seed, epoch, 0), shuffle)
 
   def batches_of_epoch(plan):
     num_rows = tf.size(plan[1]) - 1
@@ -333,11 +270,12 @@ def _packed_dataset(examples: TokenizedSplit, data_config, start_step: int,
       data_config, examples.folder, examples.source_lengths,
       examples.target_lengths, _PLANNER,
       writer=process_index == 0)
-  first_epoch, first_batch = _locate_step(
+  first_epoch, first_batch = epochs.locate_step(
       start_step, lambda epoch: batches_of_epoch(epoch_plan(epoch)),
       examples.num_examples, counts)
-  plans = _batches_from(first_epoch, first_batch, epoch_plan, batches_of_epoch,
-                        counts.record if counts else None)
+  plans = epochs.batches_from(first_epoch, first_batch, epoch_plan,
+                              batches_of_epoch,
+                              counts.record if counts else None)
   return plans.map(make_batch, num_parallel_calls=tf.data.AUTOTUNE)
 
 
@@ -415,9 +353,11 @@ def _bucketed_dataset(examples: TokenizedSplit, data_config, start_step: int,
   num_examples, num_batches = examples.num_examples, int(batch_table.shape[0])
 
   def epoch_plan(epoch):
-    order = _permutation(num_examples, _epoch_seed(data_config.seed, epoch, 0), shuffle)
+    order = epochs.permutation(
+        num_examples, epochs.epoch_seed(data_config.seed, epoch, 0), shuffle)
     by_bucket = tf.gather(order, tf.argsort(tf.gather(buckets, order), stable=True))
-    batch_order = _permutation(num_batches, _epoch_seed(data_config.seed, epoch, 1), shuffle)
+    batch_order = epochs.permutation(
+        num_batches, epochs.epoch_seed(data_config.seed, epoch, 1), shuffle)
     return by_bucket, batch_order
 
   def make_batch(plan, batch_number):
@@ -432,8 +372,8 @@ def _bucketed_dataset(examples: TokenizedSplit, data_config, start_step: int,
                           source_width_of_bucket[bucket], target_width_of_bucket[bucket])
 
   first_epoch, first_batch = divmod(start_step, num_batches)
-  plans = _batches_from(first_epoch, first_batch, epoch_plan,
-                        lambda plan: tf.constant(num_batches, tf.int64))
+  plans = epochs.batches_from(first_epoch, first_batch, epoch_plan,
+                              lambda plan: tf.constant(num_batches, tf.int64))
   return plans.map(make_batch, num_parallel_calls=tf.data.AUTOTUNE)
 
 

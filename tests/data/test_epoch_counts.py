@@ -9,43 +9,24 @@ import os
 import numpy as np
 import pytest
 
-from jaxformer.data import builtin
 from jaxformer.data import epoch_counts
+from jaxformer.data import epochs
 from jaxformer.data import pipeline
-from jaxformer.data import token_cache
-from jaxformer.data import tokenizer as tokenizer_lib
-from jaxformer.data.config import default_data_config
 
-PAIRS = builtin.generate(120, 5, 'train')
+import tsv_corpus
+from tsv_corpus import write_tsv
+
 STEP, EPOCH = 40, 2  # 15 batches an epoch (about 2 examples a row)
 
 
 def tsv_config(path, **overrides):
-  config = default_data_config()
-  config.source = 'tsv'
-  config.tsv.train = str(path)
-  config.tokenizer.vocab_size = 150
-  config.update(batch_size=8, max_source_length=40, max_target_length=40,
-                shuffle_buffer=10)
-  config.update(overrides)
-  return config
-
-
-@pytest.fixture(scope='module')
-def tok(tmp_path_factory):
-  prefix = str(tmp_path_factory.mktemp('tokenizer') / 'joint')
-  return tokenizer_lib.train_tokenizer(
-      [text for pair in PAIRS for text in pair], prefix,
-      tsv_config('').tokenizer)
+  return tsv_corpus.tsv_config(
+      path, **{**dict(batch_size=8, shuffle_buffer=10), **overrides})
 
 
 @pytest.fixture
 def config(tmp_path):
-  path = tmp_path / 'train.tsv'
-  path.write_text(''.join(f'{s}\t{t}\n' for s, t in PAIRS), encoding='utf-8')
-  token_cache._open_splits.clear()
-  yield tsv_config(path)
-  token_cache._open_splits.clear()
+  return tsv_config(write_tsv(tmp_path / 'train.tsv'))
 
 
 def take(config, tok, start_step, count=2, **kwargs):
@@ -69,7 +50,7 @@ def no_planning(monkeypatch):
     pytest.fail('planned an epoch whose count is stored')
     yield
 
-  monkeypatch.setattr(pipeline, '_planned_counts', planned_counts)
+  monkeypatch.setattr(epochs, 'planned_counts', planned_counts)
 
 
 def test_training_stores_the_counts_and_a_resume_plans_no_earlier_epoch(

@@ -77,6 +77,14 @@ def test_packed_batches_have_fixed_shapes(tok):
       assert batch[key].shape == (8, 56) and batch[key].dtype == np.int32
 
 
+@pytest.mark.parametrize('batching', ['pack', 'bucket'])
+def test_batches_are_built_without_autograph_warnings(tok, batching, caplog):
+  # AutoGraph converts the functions tf.data maps; one it cannot parse it
+  # runs as is, and says so in every run ('Please report this...').
+  take(small_config(batching=batching), tok, 1)
+  assert not [r for r in caplog.records if 'AutoGraph' in r.getMessage()]
+
+
 def test_packed_rows_hold_whole_matching_examples(tok):
   translations = dict(builtin.generate(NUM_TRAIN, 0, 'train'))
   num_examples = 0

@@ -8,46 +8,20 @@ import weakref
 import numpy as np
 import pytest
 
-from jaxformer.data import builtin
 from jaxformer.data import pipeline
 from jaxformer.data import sources
 from jaxformer.data import token_cache
 from jaxformer.data import tokenizer as tokenizer_lib
 from jaxformer.data.config import default_data_config
 
-PAIRS = builtin.generate(120, 5, 'train')
+import tsv_corpus
+from tsv_corpus import PAIRS, write_tsv
 
 
 def tsv_config(path, **overrides):
-  config = default_data_config()
-  config.source = 'tsv'
-  config.tsv.train = str(path)
-  config.tokenizer.vocab_size = 150
-  config.update(batch_size=4, max_source_length=40, max_target_length=40,
-                shuffle_buffer=1, tokens_per_batch=256)
-  config.update(overrides)
-  return config
-
-
-def write_tsv(path, pairs):
-  path.write_text(''.join(f'{s}\t{t}\n' for s, t in pairs), encoding='utf-8')
-  return path
-
-
-@pytest.fixture(scope='module')
-def tok(tmp_path_factory):
-  prefix = str(tmp_path_factory.mktemp('tokenizer') / 'joint')
-  return tokenizer_lib.train_tokenizer(
-      [text for pair in PAIRS for text in pair], prefix,
-      tsv_config('').tokenizer)
-
-
-@pytest.fixture(autouse=True)
-def no_open_splits():
-  """Each test starts without splits this process already opened."""
-  token_cache._open_splits.clear()
-  yield
-  token_cache._open_splits.clear()
+  return tsv_corpus.tsv_config(path, **{
+      **dict(batch_size=4, shuffle_buffer=1, tokens_per_batch=256),
+      **overrides})
 
 
 def folders(directory):
