@@ -22,9 +22,8 @@ the tokenizer are kept, and 'tokenise' finds the cache: it shows what a
 later run on the same data pays.
 
 Peak memory is ru_maxrss of the process (it includes the memory-mapped
-token pages it touched).  The machine this was measured on was shared with
-other work: its speeds are lower bounds (its times upper bounds) of what
-an idle machine does.
+token pages it touched).  Other work on the machine slows every phase:
+README's figures were taken with nothing else running.
 
   python benchmarks/input_pipeline.py [--pairs 5000000] [--workdir DIR]
 """
