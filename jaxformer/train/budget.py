@@ -26,6 +26,7 @@ class Budget:
     self.sync_every = max(sync_every, 1)
     self._clock = clock
     self.start = clock()
+    self._wall_start = time.monotonic()
 
   def elapsed(self) -> float:
     return self._clock() - self.start
@@ -36,7 +37,7 @@ class Budget:
   def wall_seconds_left(self) -> float:
     """`remaining` by time.monotonic, for progress lines: it leaves the
     budget's own clock unread, so that only steps decide when it is spent."""
-    return self.start + self.max_seconds - time.monotonic()
+    return self._wall_start + self.max_seconds - time.monotonic()
 
   def spent(self, step: int) -> bool:
     """Whether to stop after `step`; call once at every step."""

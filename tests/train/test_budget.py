@@ -48,6 +48,12 @@ def test_budget_and_estimate():
   assert budget_lib.estimate_steps(100, 0.5, -3.0) == 100
 
 
+def test_progress_reads_wall_time_and_leaves_the_budget_clock_alone():
+  budget = budget_lib.Budget(1.0, clock=fake_clock(lambda r: 1e6 + 25 * r))
+  assert 59.0 < budget.wall_seconds_left() <= 60.0
+  assert [budget.spent(s) for s in (1, 2, 3)] == [False, False, True]
+
+
 def test_budget_stops_saves_and_reports_like_a_finished_run(tmp_path, capfd):
   # 12 readings of 10 s: one at the start, then one per step, so the
   # 2-minute budget is spent at step 12 of 20.
