@@ -11,7 +11,7 @@ from flax import struct
 
 from jaxformer.model import backend, cpu_kernels, kernels
 from jaxformer.model.config import ModelConfig
-from jaxformer.model.layers import Linear, apply_linears
+from jaxformer.model.layers import Linear, apply_linears, dropout
 
 
 def attention_mask(query_segment_ids: jax.Array, key_segment_ids: jax.Array,
@@ -90,8 +90,7 @@ def heads_first_attention(query, key, value, mask, *,
   logits = jnp.where(mask, logits, _masked_value(jnp.float32))
   weights = jax.nn.softmax(logits, axis=-1)
   if dropout_rate > 0.0 and dropout_rng is not None:
-    keep = jax.random.bernoulli(dropout_rng, 1.0 - dropout_rate, weights.shape)
-    weights = jnp.where(keep, weights / (1.0 - dropout_rate), 0.0)
+    weights = dropout(weights, dropout_rate, dropout_rng)
   out = jnp.einsum('bnts,bnsh->bnth', weights.astype(value.dtype), value)
   return out, weights
 

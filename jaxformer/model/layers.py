@@ -1,6 +1,7 @@
 """Building blocks: linear maps, embeddings, positions, the position-wise
-feed-forward network, and residual connections with LayerNorm in either
-order."""
+feed-forward network, dropout, and residual connections with LayerNorm in
+either order."""
+import math
 from typing import Callable
 
 import jax
@@ -149,6 +150,67 @@ def apply_linears(x: jax.Array, linears) -> list[jax.Array]:
   return outputs
 
 
+def _random_halfwords(rng: jax.Array, shape: tuple[int, ...]) -> jax.Array:
+  """Independent uniform 16-bit words, [*shape] uint32 in [0, 2^16).
+
+  jax.random.bits spends one threefry2x32 block (64 random bits) on each
+  32-bit word; here one block gives four 16-bit words, so dropout hashes a
+  quarter as much (the `small` train step on 2 CPU cores: 4-5% faster). Other
+  key kinds (rbg) draw 32-bit words and use both halves. The words are laid
+  out along the last axis, so they shard like `shape` does.
+  """
+  *lead, last = shape
+  if not jnp.issubdtype(rng.dtype, jax.dtypes.prng_key):
+    rng = jax.random.wrap_key_data(rng)  # A raw key of the default impl.
+  per_word = 4 if str(jax.random.key_impl(rng)) == 'threefry2x32' else 2
+  words_shape = (*lead, math.ceil(last / per_word))
+  if math.prod(words_shape) >= 2 ** 32:
+    raise ValueError(f'dropout of {shape}: more than 2^32 random words; '
+                     'split the array.')
+  if per_word == 4:
+    counts = jnp.zeros(words_shape, jnp.uint32)
+    for axis, stride in enumerate(np.cumprod((words_shape + (1,))[:0:-1])[::-1]):
+      counts += jax.lax.broadcasted_iota(jnp.uint32, words_shape, axis) * (
+          np.uint32(stride))
+    key = jax.random.key_data(rng)
+    words = jax.extend.random.threefry2x32_p.bind(
+        key[0], key[1], jnp.zeros_like(counts), counts)
+  else:
+    words = [jax.random.bits(rng, words_shape, jnp.uint32)]
+  halves = [part for w in words for part in (w & 0xFFFF, w >> 16)]
+  return jnp.stack(halves, axis=-1).reshape(*lead, -1)[..., :last]
+
+
+def dropout(x: jax.Array, rate: float, rng: jax.Array) -> jax.Array:
+  """Inverted dropout: each element of x is zeroed with probability `rate`,
+  rounded to a multiple of 2^-16 (off by at most 7.6e-6), and the rest are
+  scaled by the exact inverse of the keep probability, so E[out] = x.
+
+  Args:
+    x: [...] any float dtype; rate: in [0, 1]; rng: a PRNG key.
+  """
+  if rate >= 1.0:
+    return jnp.zeros_like(x)
+  dropped = round(rate * 2 ** 16)
+  if not dropped or x.size == 0:
+    return x
+  keep = _random_halfwords(rng, x.shape or (1,)).reshape(x.shape) >= dropped
+  scale = jnp.asarray(2 ** 16 / (2 ** 16 - dropped), x.dtype)
+  return jnp.where(keep, x * scale, jnp.zeros_like(x))
+
+
+class Dropout(nn.Module):
+  """`dropout` with a key from the 'dropout' rng stream, off when
+  deterministic (flax.linen.Dropout's interface)."""
+  rate: float
+
+  @nn.compact
+  def __call__(self, x: jax.Array, deterministic: bool) -> jax.Array:
+    if deterministic or self.rate == 0.0:
+      return x
+    return dropout(x, self.rate, self.make_rng('dropout'))
+
+
 class FeedForward(nn.Module):
   """FFN(x) = act(x W1 + b1) W2 + b2, applied at every position."""
   config: ModelConfig
@@ -162,7 +224,7 @@ class FeedForward(nn.Module):
                name='wi')(x)
     h = nn.relu(h) if cfg.activation == 'relu' else nn.gelu(h)
     h = nn.with_logical_constraint(h, ('batch', 'length', 'mlp'))
-    h = nn.Dropout(cfg.ffn_dropout)(h, deterministic=self.deterministic)
+    h = Dropout(cfg.ffn_dropout)(h, deterministic=self.deterministic)
     return Linear((cfg.d_model,), ('embed', 'mlp'), cfg, use_bias=cfg.use_bias,
                   name='wo')(h)
 
@@ -177,7 +239,7 @@ def layer_norm(config: ModelConfig, name: str) -> nn.LayerNorm:
 
 
 def residual(x: jax.Array, sublayer: Callable[[jax.Array], jax.Array],
-             name: str, dropout: nn.Dropout, config: ModelConfig,
+             name: str, drop: Dropout, config: ModelConfig,
              deterministic: bool) -> jax.Array:
   """A sublayer with its residual connection and the LayerNorm
   `{name}_norm`, in `config.norm_position`:
@@ -187,5 +249,5 @@ def residual(x: jax.Array, sublayer: Callable[[jax.Array], jax.Array],
   """
   norm = layer_norm(config, f'{name}_norm')
   if config.norm_position == 'pre':
-    return x + dropout(sublayer(norm(x)), deterministic=deterministic)
-  return norm(x + dropout(sublayer(x), deterministic=deterministic))
+    return x + drop(sublayer(norm(x)), deterministic=deterministic)
+  return norm(x + drop(sublayer(x), deterministic=deterministic))

@@ -55,7 +55,7 @@ class EncoderLayer(nn.Module):
     """x: [batch, s, d_model]; mask: `Segments` [batch, s] x [batch, s].
     Returns (x, None)."""
     cfg, det = self.config, self.deterministic
-    drop = nn.Dropout(cfg.residual_dropout)
+    drop = layers.Dropout(cfg.residual_dropout)
     attend = MultiHeadAttention(cfg, 'self', det, name='self_attention')
     x = layers.residual(x, lambda h: attend(h, h, mask), 'self_attention',
                         drop, cfg, det)
@@ -78,7 +78,7 @@ class DecoderLayer(nn.Module):
     the decode cache exists); cross_mask: `Segments` [batch, t|1] x [batch,
     s]. Returns (x, None)."""
     cfg, det = self.config, self.deterministic
-    drop = nn.Dropout(cfg.residual_dropout)
+    drop = layers.Dropout(cfg.residual_dropout)
     self_attend = MultiHeadAttention(cfg, 'causal', det, self.decode,
                                      name='self_attention')
     x = layers.residual(x, lambda h: self_attend(h, h, self_mask),
@@ -130,7 +130,7 @@ class Encoder(nn.Module):
     packed=False promises one example per row (see `Segments`)."""
     cfg = self.config
     x = layers.AddPositions(cfg, name='positions')(self.embed(inputs), positions)
-    x = nn.Dropout(cfg.embedding_dropout)(x, deterministic=self.deterministic)
+    x = layers.Dropout(cfg.embedding_dropout)(x, deterministic=self.deterministic)
     mask = Segments(segment_ids, segment_ids, causal=False, packed=packed)
     x = stack_layers(EncoderLayer, cfg, cfg.num_encoder_layers,
                      deterministic=self.deterministic)(constrain(x), mask)
@@ -170,7 +170,7 @@ class Decoder(nn.Module):
     cfg = self.config
     x = layers.AddPositions(cfg, name='positions')(
         self.embed(decoder_inputs), positions)
-    x = nn.Dropout(cfg.embedding_dropout)(x, deterministic=self.deterministic)
+    x = layers.Dropout(cfg.embedding_dropout)(x, deterministic=self.deterministic)
     self_mask = Segments(segment_ids, segment_ids, causal=True, packed=packed)
     cross_mask = None
     if self.cross:

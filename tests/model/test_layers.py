@@ -1,16 +1,18 @@
-"""Building blocks: sinusoidal positions, embeddings, feed-forward network."""
+"""Building blocks: sinusoidal positions, embeddings, feed-forward network,
+dropout."""
 import math
 
 import jax
 import jax.numpy as jnp
 import numpy as np
+import pytest
 from flax import linen as nn
 
 from jaxformer.model import ModelConfig
 from jaxformer.model.backend import TRANSPOSED_MATMUL_MAX_ROWS
-from jaxformer.model.layers import (AddPositions, Embed, FeedForward, Linear,
-                                    apply_linears, matmuls,
-                                    sinusoidal_positions)
+from jaxformer.model.layers import (AddPositions, Dropout, Embed, FeedForward,
+                                    Linear, _random_halfwords, apply_linears,
+                                    dropout, matmuls, sinusoidal_positions)
 
 CONFIG = ModelConfig(vocab_size=50, d_model=32, num_heads=4, d_ff=64,
                      max_len=64)
@@ -130,3 +132,67 @@ def test_gelu_feed_forward_differs_from_relu():
   relu = FeedForward(CONFIG).apply(variables, x)
   gelu = FeedForward(CONFIG.replace(activation='gelu')).apply(variables, x)
   assert not np.allclose(relu, gelu, atol=1e-3)
+
+
+KEYS = {'threefry': jax.random.key(0), 'raw threefry': jax.random.PRNGKey(0),
+        'rbg': jax.random.key(0, impl='rbg')}
+
+
+@pytest.mark.parametrize('kind', sorted(KEYS))
+def test_random_halfwords_are_uniform_and_independent(kind):
+  words = np.asarray(_random_halfwords(KEYS[kind], (400, 1001)))
+  assert words.shape == (400, 1001) and words.min() >= 0
+  assert words.max() < 2 ** 16
+  # 16 equal bins of 400,400 words: chi-square with 15 degrees of freedom,
+  # 40 is beyond its 99.95th percentile.
+  counts = np.bincount(words.ravel() >> 12, minlength=16)
+  expected = words.size / 16
+  assert ((counts - expected) ** 2 / expected).sum() < 40
+  # Neighbours along either axis (within a word and across words) are
+  # uncorrelated: |r| < 4 standard errors.
+  for a, b in ((words[:, :-1], words[:, 1:]), (words[:-1], words[1:])):
+    r = np.corrcoef(a.ravel(), b.ravel())[0, 1]
+    assert abs(r) < 4 / math.sqrt(a.size)
+
+
+@pytest.mark.parametrize('kind', sorted(KEYS))
+@pytest.mark.parametrize('rate', [0.1, 0.3])
+def test_dropout_drops_at_its_rate_and_keeps_the_mean(kind, rate):
+  x = jnp.full((64, 50, 129), 2.0)
+  y = np.asarray(dropout(x, rate, KEYS[kind]))
+  dropped = (y == 0).mean()
+  assert abs(dropped - rate) < 4 * math.sqrt(rate * (1 - rate) / y.size)
+  kept = round(rate * 2 ** 16)
+  np.testing.assert_allclose(y[y != 0], 2.0 * 2 ** 16 / (2 ** 16 - kept),
+                             rtol=1e-6)
+  assert abs(y.mean() - 2.0) < 0.01
+  np.testing.assert_array_equal(y, dropout(x, rate, KEYS[kind]))
+  other = jax.random.fold_in(jax.random.wrap_key_data(KEYS[kind])
+                             if kind == 'raw threefry' else KEYS[kind], 1)
+  assert (np.asarray(dropout(x, rate, other)) != y).mean() > rate
+
+
+def test_dropout_edge_rates_shapes_and_dtypes():
+  key = jax.random.key(3)
+  x = jnp.arange(1.0, 8.0, dtype=jnp.bfloat16)
+  np.testing.assert_array_equal(dropout(x, 0.0, key), x)
+  np.testing.assert_array_equal(dropout(x, 1.0, key), jnp.zeros_like(x))
+  assert dropout(x, 0.5, key).dtype == jnp.bfloat16
+  assert dropout(jnp.ones(()), 0.5, key).shape == ()
+  assert dropout(jnp.ones((3, 0)), 0.5, key).shape == (3, 0)
+  layer = Dropout(0.5)
+  np.testing.assert_array_equal(layer.apply({}, x, deterministic=True), x)
+  trained = layer.apply({}, jnp.ones((1000,)), deterministic=False,
+                        rngs={'dropout': key})
+  assert 400 < int((trained == 0).sum()) < 600
+
+
+def test_dropout_masks_do_not_depend_on_sharding():
+  mesh = jax.make_mesh((8,), ('data',))
+  sharding = jax.sharding.NamedSharding(mesh, jax.sharding.PartitionSpec(
+      'data'))
+  x = jnp.ones((16, 12, 36))
+  drop = jax.jit(lambda x, key: dropout(x, 0.1, key))
+  key = jax.random.key(5)
+  sharded = drop(jax.device_put(x, sharding), key)
+  np.testing.assert_array_equal(sharded, drop(x, key))
