@@ -36,19 +36,28 @@ def _example_weights(batch):
   return (batch['inputs'] != 0).any(axis=-1).astype(jnp.float32)
 
 
+def _output_metrics(batch, label_smoothing):
+  """The decoder's output_fn that returns the token metric sums of its
+  logits, computed without them (`losses.output_token_metrics`)."""
+  def output_fn(x, kernel, bias):
+    return losses.output_token_metrics(
+        x, kernel, bias, batch['targets'], _token_weights(batch, 'targets'),
+        label_smoothing)
+  return output_fn
+
+
 def translation_sums(model, params, batch, rngs, label_smoothing):
-  logits = model.apply({'params': params}, batch['inputs'], batch['targets'],
-                       **_packing(batch, 'inputs'), **_packing(batch, 'targets'),
-                       rngs=rngs)
-  return losses.token_metrics(logits, batch['targets'],
-                              _token_weights(batch, 'targets'), label_smoothing)
+  return model.apply({'params': params}, batch['inputs'], batch['targets'],
+                     **_packing(batch, 'inputs'), **_packing(batch, 'targets'),
+                     output_fn=_output_metrics(batch, label_smoothing),
+                     rngs=rngs)
 
 
 def language_model_sums(model, params, batch, rngs, label_smoothing):
-  logits = model.apply({'params': params}, batch['targets'],
-                       **_packing(batch, 'targets'), rngs=rngs)
-  return losses.token_metrics(logits, batch['targets'],
-                              _token_weights(batch, 'targets'), label_smoothing)
+  return model.apply({'params': params}, batch['targets'],
+                     **_packing(batch, 'targets'),
+                     output_fn=_output_metrics(batch, label_smoothing),
+                     rngs=rngs)
 
 
 def classification_sums(model, params, batch, rngs, label_smoothing):

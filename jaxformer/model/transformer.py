@@ -236,16 +236,18 @@ class EncoderDecoder(nn.Module):
 
   def __call__(self, inputs, targets, inputs_segment_ids=None,
                inputs_positions=None, targets_segment_ids=None,
-               targets_positions=None):
+               targets_positions=None, output_fn=None):
     """Teacher-forced logits.
 
     Args:
       inputs: [batch, s] int source tokens; targets: [batch, t] int target
         tokens (ending in EOS); the *_segment_ids/_positions for packed rows.
+      output_fn: see `Decoder`.
 
     Returns:
-      [batch, t, vocab] float32: logits for targets[:, i] given targets[:, :i].
-      Without segment ids, rows are single examples (see `encode`).
+      [batch, t, vocab] float32: logits for targets[:, i] given targets[:, :i]
+      (or output_fn's result). Without segment ids, rows are single examples
+      (see `encode`).
     """
     packed = (inputs_segment_ids is not None
               or targets_segment_ids is not None)
@@ -257,7 +259,7 @@ class EncoderDecoder(nn.Module):
                            packed)
     return self.decode_logits(
         encoded, inputs_segment_ids, shift_right(targets, targets_segment_ids),
-        targets_segment_ids, targets_positions, packed=packed)
+        targets_segment_ids, targets_positions, output_fn, packed)
 
 
 class DecoderLM(nn.Module):
@@ -276,14 +278,14 @@ class DecoderLM(nn.Module):
     return self.decoder(decoder_inputs, segment_ids, positions)
 
   def __call__(self, targets, targets_segment_ids=None,
-               targets_positions=None):
+               targets_positions=None, output_fn=None):
     """[batch, t] int -> [batch, t, vocab]: logits for targets[:, i] given
-    targets[:, :i]."""
+    targets[:, :i] (or output_fn's result, see `Decoder`)."""
     packed = targets_segment_ids is not None
     segment_ids, positions = default_segments(targets, targets_segment_ids,
                                               targets_positions)
     return self.decoder(shift_right(targets, segment_ids), segment_ids,
-                        positions, packed=packed)
+                        positions, output_fn=output_fn, packed=packed)
 
 
 def pool(x: jax.Array, segment_ids: jax.Array, pooling: str) -> jax.Array:

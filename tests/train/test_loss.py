@@ -1,7 +1,10 @@
 """Label-smoothed cross entropy and the metric sums behind every task."""
+import functools
+
 import jax
 import jax.numpy as jnp
 import numpy as np
+import pytest
 
 from jaxformer.train import loss
 
@@ -50,3 +53,67 @@ def test_macro_f1_and_pearson():
   values = 2 * predictions + 1
   sums = loss.regression_metrics(predictions, values, jnp.ones(4))
   np.testing.assert_allclose(loss.pearson(sums), 1.0, rtol=1e-5)
+
+
+def _output_layer_problem(seed, batch, length, d, vocab, with_bias):
+  keys = jax.random.split(jax.random.key(seed), 5)
+  x = jax.random.normal(keys[0], (batch, length, d))
+  kernel = jax.random.normal(keys[1], (vocab, d))
+  bias = jax.random.normal(keys[2], (vocab,)) if with_bias else None
+  targets = jax.random.randint(keys[3], (batch, length), 0, vocab)
+  weights = (jax.random.uniform(keys[4], (batch, length)) > 0.3).astype(
+      jnp.float32)
+  return x, kernel, bias, targets, weights
+
+
+def _full_logits_metrics(x, kernel, bias, targets, weights, eps):
+  logits = jnp.einsum('btd,vd->btv', x, kernel)
+  if bias is not None:
+    logits += bias
+  return loss.token_metrics(logits, targets, weights, eps)
+
+
+@pytest.mark.parametrize('with_bias', [False, True])
+@pytest.mark.parametrize('eps', [0.0, 0.1])
+@pytest.mark.parametrize('chunk_logits', [1, 3 * 4 * 29, 10 ** 9])
+def test_output_token_metrics_and_gradients_equal_the_full_logits(
+    with_bias, eps, chunk_logits):
+  """Chunks of one position, of 4 positions (7 is padded to 8) and all 7."""
+  x, kernel, bias, targets, weights = _output_layer_problem(
+      0, 3, 7, 16, 29, with_bias)
+
+  def objective(metrics_fn, x, kernel, bias):
+    sums = metrics_fn(x, kernel, bias, targets, weights, eps)
+    # Both differentiable sums, with cotangents that tell them apart.
+    return sums['loss'] + 0.3 * sums['nll'], sums
+
+  fused = functools.partial(loss.output_token_metrics,
+                            chunk_logits=chunk_logits)
+  argnums = (1, 2, 3) if with_bias else (1, 2)
+  (expected, expected_sums), expected_grads = jax.value_and_grad(
+      objective, argnums, has_aux=True)(_full_logits_metrics, x, kernel, bias)
+  (value, sums), grads = jax.jit(jax.value_and_grad(
+      objective, argnums, has_aux=True), static_argnums=0)(fused, x, kernel,
+                                                           bias)
+  np.testing.assert_allclose(value, expected, rtol=1e-5)
+  for name in ('loss', 'nll', 'correct', 'weight'):
+    np.testing.assert_allclose(sums[name], expected_sums[name], rtol=1e-5)
+  for grad, expected_grad in zip(grads, expected_grads):
+    np.testing.assert_allclose(grad, expected_grad, rtol=1e-4, atol=1e-5)
+  # Undifferentiated (evaluation), the same sums.
+  plain = fused(x, kernel, bias, targets, weights, eps)
+  np.testing.assert_allclose(plain['loss'], expected_sums['loss'], rtol=1e-5)
+
+
+def test_output_token_metrics_in_bfloat16_keep_the_input_dtypes():
+  x, kernel, bias, targets, weights = _output_layer_problem(1, 2, 5, 8, 13,
+                                                            True)
+  x, kernel = x.astype(jnp.bfloat16), kernel.astype(jnp.bfloat16)
+  grads = jax.grad(lambda x, k, b: loss.output_token_metrics(
+      x, k, b, targets, weights, 0.1)['loss'], (0, 1, 2))(x, kernel, bias)
+  assert [g.dtype for g in grads] == [jnp.bfloat16, jnp.bfloat16, jnp.float32]
+  expected = _full_logits_metrics(x.astype(jnp.float32),
+                                  kernel.astype(jnp.float32), bias, targets,
+                                  weights, 0.1)['loss']
+  np.testing.assert_allclose(loss.output_token_metrics(
+      x, kernel, bias, targets, weights, 0.1)['loss'], expected, rtol=1e-5)
