@@ -208,18 +208,20 @@ def test_tensor_parallel_layout_compiles_every_program(tensor_parallel):
 
 def test_oversized_batch_does_not_fit_and_says_what_to_change(
     tmp_path, capsys):
-  """65,536 rows of 40 + 40 tokens with an 8,000-piece vocabulary: the
-  float32 logits alone are 21 GiB per v5e chip."""
+  """262,144 rows of 40 + 40 tokens with an 8,000-piece vocabulary: 65,536
+  per v5e chip, whose activations for the backward pass need more than its
+  16 GiB (a quarter of that batch fits in 8 GiB: the loss never holds the
+  [rows, 40, 8000] logits whole)."""
   path = tmp_path / 'report.json'
   code = cli.main([
       'compile', '--config', 'configs/quickstart.py:runlocal',
       '--topology', 'v5e-4', '--programs', 'train', '--json', str(path),
-      '--config.data.batch_size=65536',
+      '--config.data.batch_size=262144',
       '--config.data.tokenizer.vocab_size=8000'])
   captured = capsys.readouterr()
   assert code == 1
   assert 'fits: no' in captured.out
-  assert 'train 65536x(40+40) does not fit' in captured.err
+  assert 'train 262144x(40+40) does not fit' in captured.err
   assert 'GiB more than the 16 GiB of HBM' in captured.err
   for lever in ('mesh.fsdp', 'model.remat_policy', 'model.scan_layers',
                 'train.grad_accum_steps'):
