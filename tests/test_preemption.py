@@ -99,6 +99,7 @@ def test_sigterm_at_a_random_moment_saves_within_two_steps_and_resumes_exactly(
   # reference's own duration scales it to this machine's speed. A run can
   # go twice as fast as the reference did (the other test worker busy then,
   # idle now) and finish first: then again, the window halved.
+  step = NUM_STEPS
   for attempt in range(3):
     workdir = fresh_workdir(tmp_path / f'try{attempt}', slow_reference)
     run = slow_run(workdir, environment)
