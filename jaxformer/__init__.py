@@ -10,4 +10,10 @@ os.environ.setdefault('TF_CPP_MIN_LOG_LEVEL', '2')
 # benchmarks/input_pipeline.py); set TF_ENABLE_ONEDNN_OPTS=1 to keep it.
 os.environ.setdefault('TF_ENABLE_ONEDNN_OPTS', '0')
 
+# Before JAX starts its backend: XLA's CPU temporaries are then reused from
+# step to step instead of faulted in afresh (host_memory.py).
+from jaxformer import host_memory  # pylint: disable=g-import-not-at-top
+
+host_memory.keep_freed_memory()
+
 __version__ = '0.1.0'
