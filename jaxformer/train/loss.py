@@ -30,6 +30,18 @@ def smoothed_cross_entropy(logits: jax.Array, targets: jax.Array,
   return loss
 
 
+def is_top(target_logit: jax.Array, top_logit: jax.Array) -> jax.Array:
+  """Whether the target is the prediction: its logit is the largest (a
+  tie for the largest counts too).
+
+  The same as argmax(logits) == target but for ties, from the max the
+  softmax needs anyway: XLA's CPU argmax is a reduction of (value, index)
+  pairs that took 7% of the `small` train step (A/B in one process, 3
+  rounds: 676-689 ms with it, 633-642 ms without).
+  """
+  return target_logit >= top_logit
+
+
 def token_metrics(logits: jax.Array, targets: jax.Array, weights: jax.Array,
                   label_smoothing: float) -> dict[str, jax.Array]:
   """Sums over real target tokens.
@@ -44,7 +56,8 @@ def token_metrics(logits: jax.Array, targets: jax.Array, weights: jax.Array,
   """
   loss = smoothed_cross_entropy(logits, targets, label_smoothing)
   nll = smoothed_cross_entropy(logits, targets, 0.0) if label_smoothing else loss
-  correct = jnp.argmax(logits, axis=-1) == targets
+  target_logit = jnp.take_along_axis(logits, targets[..., None], axis=-1)[..., 0]
+  correct = is_top(target_logit, jnp.max(logits, axis=-1))
   return {
       'loss': jnp.sum(loss * weights),
       'nll': jnp.sum(nll * weights),
@@ -126,7 +139,7 @@ def _output_chunk(x, kernel, bias, targets, weights, label_smoothing,
   loss = nll
   if label_smoothing:
     loss = nll + label_smoothing * (target_logit - jnp.mean(logits, axis=-1))
-  correct = jnp.argmax(logits, axis=-1) == targets
+  correct = is_top(target_logit, top[..., 0])
   sums = (jnp.sum(loss * weights), jnp.sum(nll * weights),
           jnp.sum(correct * weights))
   if not with_grads:
