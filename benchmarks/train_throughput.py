@@ -7,13 +7,24 @@ side by side with Flax's WMT example as an anchor.
 With --flax_wmt (DIR is `examples/wmt` of a clone of github.com/google/flax),
 Flax's own `models.Transformer` and `train.train_step`, unchanged and
 pmapped as its train.py does, train the same architecture on the same
-batch.  Two of our steps run beside it: the config as it is ('ours':
-the paper's dropout on embeddings and residuals, post-LayerNorm), and the
-same with Flax's dropout (0.1 also on the FFN hidden layer and the
-attention weights) and its pre-LayerNorm ('ours_flax_dropout', identical
-computation).  Each round times the steps one after another, step by
-step, so that drift of the machine's speed hits all alike, and reports
-their medians.
+batch (benchmarks/flax_wmt_step.py), twice:
+
+  flax_wmt             in a process of its own, as Flax's own program runs it;
+  flax_wmt_in_process  in this process, after `import jaxformer`, which sets
+                       the host's malloc for XLA's temporaries
+                       (jaxformer/host_memory.py): the same for both steps.
+
+Two of our steps run beside them: the config as it is ('ours': the paper's
+dropout on embeddings and residuals, post-LayerNorm), and the same with
+Flax's dropout (0.1 also on the FFN hidden layer and the attention weights)
+and its pre-LayerNorm ('ours_flax_dropout', identical computation).  Each
+round times the steps one after another, step by step (nothing runs in the
+other process meanwhile), so that drift of the machine's speed hits all
+alike, and reports their medians and three ratios:
+
+  speedup          flax_wmt / ours: each as its program runs it;
+  step alone       flax_wmt_in_process / ours: the same malloc settings;
+  identical        flax_wmt_in_process / ours_flax_dropout.
 
 Prints step time, source+target tokens/s, compile time, peak host memory and
 MFU. MFU = model FLOPs per step / step time / peak FLOP/s, where
@@ -27,13 +38,9 @@ MFU. MFU = model FLOPs per step / step time / peak FLOP/s, where
 in the same run: the best FLOP/s of a large `jnp.dot` in the same dtype.
 """
 import argparse
-import ast
-import functools
-import os
+import dataclasses
 import resource
-import sys
 import time
-import types
 
 import jax
 import jax.numpy as jnp
@@ -48,6 +55,8 @@ from jaxformer.train import schedule as schedules
 from jaxformer.train.flops import training_flops_per_step
 from jaxformer.train.state import count_params, create_train_state
 from jaxformer.train.step import compile_train_step
+
+import flax_wmt_step  # pylint: disable=g-bad-import-order
 
 PRESETS = {
     'small': dict(model=dict(vocab_size=8000, d_model=256, num_heads=4,
@@ -80,14 +89,6 @@ def peak_matmul_flops(dtype, n: int, repeats: int = 10) -> float:
     matmul(a).block_until_ready()
     best = min(best, time.perf_counter() - start)
   return 2 * n ** 3 / best
-
-
-def random_batch(rng, rows, source_length, target_length, vocab):
-  """Full-length rows (no padding): every position is a real token."""
-  inputs = rng.integers(3, vocab, (rows, source_length), dtype=np.int32)
-  targets = rng.integers(3, vocab, (rows, target_length), dtype=np.int32)
-  inputs[:, -1] = targets[:, -1] = 1
-  return {'inputs': inputs, 'targets': targets}
 
 
 FLAX_DROPOUT = dict(embedding_dropout=0.1, residual_dropout=0.1,
@@ -126,105 +127,24 @@ def our_step(model_config, batches):
   return run, compile_seconds, params
 
 
-def flax_wmt_train_module(flax_wmt: str):
-  """(Flax's `models` module, a namespace of its train.py's step
-  definitions).
-
-  The definitions (TrainState, the schedule, the loss and metrics,
-  `train_step`) are taken from train.py's source unchanged and executed with
-  the imports they use; the rest of the module is left out, because its
-  input pipeline imports tensorflow_text and clu, which the step does not
-  need.
-  """
-  from flax import linen  # pylint: disable=import-outside-toplevel
-  from flax.training import common_utils, dynamic_scale, train_state  # pylint: disable=import-outside-toplevel
-  import optax  # pylint: disable=import-outside-toplevel
-  sys.path.insert(0, os.path.abspath(flax_wmt))
-  import models  # pylint: disable=import-outside-toplevel
-  path = os.path.join(flax_wmt, 'train.py')
-  with open(path) as f:
-    tree = ast.parse(f.read())
-  wanted = {'TrainState', 'rsqrt_schedule', 'create_learning_rate_schedule',
-            'compute_weighted_cross_entropy', 'compute_weighted_accuracy',
-            'compute_metrics', 'train_step'}
-  body = [node for node in tree.body if getattr(node, 'name', None) in wanted]
-  missing = wanted - {node.name for node in body}
-  if missing:
-    raise SystemExit(f'--flax_wmt {flax_wmt}: train.py has no '
-                     f'{sorted(missing)}; pass examples/wmt of a Flax clone.')
-  namespace = dict(functools=functools, jax=jax, jnp=jnp, np=np, optax=optax,
-                   nn=linen, common_utils=common_utils,
-                   dynamic_scale_lib=dynamic_scale, train_state=train_state,
-                   models=models)
-  exec(compile(ast.Module(body, type_ignores=[]), path, 'exec'), namespace)  # pylint: disable=exec-used
-  return models, types.SimpleNamespace(**namespace)
+def timed(run):
+  """A step that returns its own seconds."""
+  def step():
+    start = time.perf_counter()
+    jax.block_until_ready(run())
+    return time.perf_counter() - start
+  return step
 
 
-def flax_wmt_step(flax_wmt: str, model_config, batches):
-  """Flax's WMT example's train step on the same architecture and batches,
-  set up as its train.py's `train_and_evaluate` does (adamw with b2=0.98,
-  eps=1e-9, its rsqrt schedule, label smoothing 0.1, pmap over 'batch')."""
-  from flax import jax_utils  # pylint: disable=import-outside-toplevel
-  from flax.training import common_utils  # pylint: disable=import-outside-toplevel
-  import optax  # pylint: disable=import-outside-toplevel
-  flax_models, flax_train = flax_wmt_train_module(flax_wmt)
-  cfg = model_config
-  config = flax_models.TransformerConfig(
-      vocab_size=cfg.vocab_size, output_vocab_size=cfg.vocab_size,
-      share_embeddings=True, logits_via_embedding=True,
-      dtype=jnp.dtype(cfg.dtype), emb_dim=cfg.d_model,
-      num_heads=cfg.num_heads, num_layers=cfg.num_encoder_layers,
-      qkv_dim=cfg.d_model, mlp_dim=cfg.d_ff, max_len=cfg.max_len,
-      dropout_rate=0.1, attention_dropout_rate=0.1, deterministic=False)
-  shape = batches[0]['inputs'].shape
-  variables = jax.jit(flax_models.Transformer(
-      config.replace(deterministic=True)).init)(
-          jax.random.key(0), jnp.ones(shape, jnp.float32),
-          jnp.ones(batches[0]['targets'].shape, jnp.float32))
-  learning_rate_fn = flax_train.create_learning_rate_schedule(
-      learning_rate=0.002, warmup_steps=1000)
-  state = flax_train.TrainState.create(
-      apply_fn=flax_models.Transformer(config).apply,
-      params=variables['params'],
-      tx=optax.adamw(learning_rate=learning_rate_fn, b1=0.9, b2=0.98,
-                     eps=1e-9, weight_decay=0.0),
-      dynamic_scale=None)
-  params = count_params(state.params)
-  state = jax_utils.replicate(state)
-  p_train_step = jax.pmap(
-      functools.partial(flax_train.train_step, config=config,
-                        learning_rate_fn=learning_rate_fn,
-                        label_smoothing=0.1),
-      axis_name='batch', donate_argnums=(0,))
-  device_batches = [common_utils.shard(b) for b in batches]
-  dropout_rngs = jax.random.split(jax.random.key(1), jax.local_device_count())
-  start = time.perf_counter()
-  state, metrics = p_train_step(state, device_batches[0],
-                                dropout_rng=dropout_rngs)
-  jax.block_until_ready(metrics)
-  compile_seconds = time.perf_counter() - start
-  calls = [0]
-
-  def run():
-    nonlocal state
-    state, metrics = p_train_step(state, device_batches[calls[0] % 2],
-                                  dropout_rng=dropout_rngs)
-    calls[0] += 1
-    return metrics
-  return run, compile_seconds, params
-
-
-def median_step_seconds(runs: dict, steps: int) -> dict[str, float]:
-  """{name: median seconds of `steps` steps}, the runs interleaved step by
-  step."""
-  for run in runs.values():
-    jax.block_until_ready(run())  # Warm (the first call may compile).
-  times = {name: [] for name in runs}
-  for _ in range(steps):
-    for name, run in runs.items():
-      start = time.perf_counter()
-      jax.block_until_ready(run())
-      times[name].append(time.perf_counter() - start)
+def median_step_seconds(steps: dict, count: int) -> dict[str, float]:
+  """{name: median seconds of `count` steps}; `steps` return their seconds
+  and are interleaved step by step."""
+  for step in steps.values():
+    step()  # Warm (the first call may compile).
+  times = {name: [] for name in steps}
+  for _ in range(count):
+    for name, step in steps.items():
+      times[name].append(step())
   return {name: float(np.median(t)) for name, t in times.items()}
 
 
@@ -256,14 +176,22 @@ def main():
                              attention_impl=args.attention,
                              remat_policy=args.remat, scan_layers=args.scan,
                              **preset['model'])
-  rng = np.random.default_rng(0)
-  batches = [random_batch(rng, rows, source_length, target_length,
-                          model_config.vocab_size) for _ in range(2)]
-  steps = {'ours': our_step(model_config, batches)}
+  model = dataclasses.asdict(model_config)
+  batches = flax_wmt_step.batches_for(model, rows, source_length,
+                                      target_length)
+  steps = {}  # name: (step returning its seconds, compile seconds, params)
+  run, compile_seconds, params = our_step(model_config, batches)
+  steps['ours'] = (timed(run), compile_seconds, params)
   if args.flax_wmt:
-    steps['ours_flax_dropout'] = our_step(
+    run, compile_seconds, params = our_step(
         model_config.replace(norm_position='pre', **FLAX_DROPOUT), batches)
-    steps['flax_wmt'] = flax_wmt_step(args.flax_wmt, model_config, batches)
+    steps['ours_flax_dropout'] = (timed(run), compile_seconds, params)
+    own = flax_wmt_step.StepProcess(args.flax_wmt, model, rows,
+                                    source_length, target_length)
+    steps['flax_wmt'] = (own, own.compile_seconds, own.params)
+    run, compile_seconds, params = flax_wmt_step.flax_wmt_step(
+        args.flax_wmt, model, batches)
+    steps['flax_wmt_in_process'] = (timed(run), compile_seconds, params)
 
   tokens = rows * (source_length + target_length)
   flops = training_flops_per_step(model_config, get_task('translation'), rows,
@@ -293,11 +221,14 @@ def main():
                   f'tokens_per_s={tokens / step_time:,.0f} '
                   f'mfu={100 * flops / step_time / peak:.1f}%')
     if args.flax_wmt:
+      in_process = seconds['flax_wmt_in_process']
       line.append(
           f'speedup={seconds["flax_wmt"] / seconds["ours"]:.2f}x '
-          f'(identical computation: '
-          f'{seconds["flax_wmt"] / seconds["ours_flax_dropout"]:.2f}x)')
+          f'(step alone: {in_process / seconds["ours"]:.2f}x, identical '
+          f'computation: {in_process / seconds["ours_flax_dropout"]:.2f}x)')
     print(' | '.join(line), flush=True)
+  if args.flax_wmt:
+    own.close()
   peak_rss_mib = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
   print(f'(medians of {args.steps} steps) '
         f'peak_host_memory_mib={peak_rss_mib:,.0f}')
