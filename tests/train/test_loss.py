@@ -42,6 +42,19 @@ def test_token_metrics_ignore_padding_and_normalise_by_real_tokens():
                              rtol=1e-6)
 
 
+def test_a_target_is_correct_where_argmax_picks_it_or_it_ties_the_top():
+  logits = jax.random.normal(jax.random.key(0), (4, 9, 13))
+  targets = jax.random.randint(jax.random.key(1), (4, 9), 0, 13)
+  weights = jnp.ones((4, 9))
+  correct = loss.token_metrics(logits, targets, weights, 0.1)['correct']
+  assert correct == jnp.sum(jnp.argmax(logits, -1) == targets)
+  assert correct == loss.output_token_metrics(
+      logits, jnp.eye(13), None, targets, weights, 0.1)['correct']
+  tied = jnp.array([[[2.0, 5.0, 5.0, 1.0]]])
+  assert loss.token_metrics(tied, jnp.array([[2]]), jnp.ones((1, 1)),
+                            0.0)['correct'] == 1
+
+
 def test_macro_f1_and_pearson():
   log_probs = jnp.log(jax.nn.one_hot(jnp.array([0, 0, 1, 1]), 2) * 0.98 + 0.01)
   labels = jnp.array([0, 1, 1, 1])
