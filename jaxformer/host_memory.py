@@ -21,10 +21,14 @@ before XLA's threads first allocate, that is before JAX starts its backend:
 `import jaxformer` calls it.
 
 It is skipped where malloc is not glibc's, where the user set glibc's malloc
-tunables (MALLOC_* or GLIBC_TUNABLES) or preloads another allocator, and
-with JAXFORMER_SYSTEM_MALLOC=1.
+tunables (MALLOC_* or GLIBC_TUNABLES) or preloads another allocator, with
+JAXFORMER_SYSTEM_MALLOC=1, and where an accelerator computes (a GPU or TPU
+device file, or JAX_PLATFORMS naming another platform first): XLA's
+temporaries live on the device there, and one heap for all the host's
+threads, the input pipeline's among them, is a cost measured nowhere.
 """
 import ctypes
+import glob
 import os
 import sys
 
@@ -47,10 +51,27 @@ SETTINGS = {
 }
 
 
-def why_skipped(environ=os.environ, platform: str = sys.platform) -> str:
-  """Why `keep_freed_memory` leaves malloc as it is; '' where it applies."""
+# Device files of NVIDIA GPUs and of Cloud TPUs (v2-v4: accel, v5 on: vfio;
+# another device passed through VFIO also counts: skipping costs only speed).
+ACCELERATOR_DEVICES = ('nvidiactl', 'accel[0-9]*', 'vfio/[0-9]*')
+
+
+def why_skipped(environ=os.environ, platform: str = sys.platform,
+                dev: str = '/dev') -> str:
+  """Why `keep_freed_memory` leaves malloc as it is; '' where it applies.
+
+  `dev` is the directory of device files to look for accelerators in.
+  """
   if environ.get('JAXFORMER_SYSTEM_MALLOC', '') not in ('', '0'):
     return 'JAXFORMER_SYSTEM_MALLOC is set'
+  first_platform = environ.get('JAX_PLATFORMS', '').split(',')[0].strip()
+  if first_platform and first_platform != 'cpu':
+    return f'JAX_PLATFORMS puts {first_platform} first'
+  if not first_platform:
+    found = [path for pattern in ACCELERATOR_DEVICES
+             for path in glob.glob(os.path.join(dev, pattern))]
+    if found:
+      return f'an accelerator is present ({found[0]})'
   if platform != 'linux' or not _is_glibc():
     return "malloc is not glibc's"
   own = sorted(key for key in environ

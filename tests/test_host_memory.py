@@ -35,7 +35,7 @@ def faults_per_call(**environ) -> float:
 
 
 @pytest.mark.skipif(host_memory.why_skipped(environ={}) != '',
-                    reason="malloc is not glibc's")
+                    reason=host_memory.why_skipped(environ={}) or 'applies')
 def test_xla_temporaries_are_reused_instead_of_faulted_in_at_every_call():
   kept = faults_per_call()
   system = faults_per_call(JAXFORMER_SYSTEM_MALLOC='1')
@@ -45,23 +45,35 @@ def test_xla_temporaries_are_reused_instead_of_faulted_in_at_every_call():
   assert system > 2_000
 
 
-def test_what_the_user_set_is_left_alone():
-  assert host_memory.why_skipped(environ={}, platform='linux') in (
-      '', "malloc is not glibc's")
-  assert 'JAXFORMER_SYSTEM_MALLOC' in host_memory.why_skipped(
-      environ={'JAXFORMER_SYSTEM_MALLOC': '1'})
-  assert host_memory.why_skipped(
-      environ={'JAXFORMER_SYSTEM_MALLOC': '0'}, platform='linux') in (
-          '', "malloc is not glibc's")
-  assert host_memory.why_skipped(environ={}, platform='darwin') == (
-      "malloc is not glibc's")
-  if host_memory.why_skipped(environ={}, platform='linux'):
+def test_what_the_user_set_is_left_alone(tmp_path):
+  def why(environ, platform='linux'):
+    return host_memory.why_skipped(environ, platform, dev=str(tmp_path))
+
+  assert why({}) in ('', "malloc is not glibc's")
+  assert 'JAXFORMER_SYSTEM_MALLOC' in why({'JAXFORMER_SYSTEM_MALLOC': '1'})
+  assert why({'JAXFORMER_SYSTEM_MALLOC': '0'}) in ('', "malloc is not glibc's")
+  assert why({}, platform='darwin') == "malloc is not glibc's"
+  if why({}):
     return  # Not glibc: the rest are not reached.
-  assert 'MALLOC_ARENA_MAX' in host_memory.why_skipped(
-      environ={'MALLOC_ARENA_MAX': '4'})
-  assert 'GLIBC_TUNABLES' in host_memory.why_skipped(
-      environ={'GLIBC_TUNABLES': 'glibc.malloc.trim_threshold=0'})
-  assert 'LD_PRELOAD' in host_memory.why_skipped(
-      environ={'LD_PRELOAD': '/usr/lib/libtcmalloc.so.4'})
+  assert 'MALLOC_ARENA_MAX' in why({'MALLOC_ARENA_MAX': '4'})
+  assert 'GLIBC_TUNABLES' in why(
+      {'GLIBC_TUNABLES': 'glibc.malloc.trim_threshold=0'})
+  assert 'LD_PRELOAD' in why({'LD_PRELOAD': '/usr/lib/libtcmalloc.so.4'})
+  assert why({'LD_PRELOAD': '/usr/lib/libfoo.so'}) == ''
+
+
+@pytest.mark.parametrize('device', ['nvidiactl', 'accel0', 'vfio/3'])
+def test_hosts_whose_accelerator_computes_keep_the_system_malloc(
+    tmp_path, device):
+  (tmp_path / 'vfio').mkdir()
+  (tmp_path / 'vfio' / 'vfio').touch()  # The VFIO control node alone: no TPU.
+  assert host_memory.why_skipped({}, 'linux', dev=str(tmp_path)) in (
+      '', "malloc is not glibc's")
+  (tmp_path / device).touch()
+  assert device in host_memory.why_skipped({}, 'linux', dev=str(tmp_path))
+  assert 'JAX_PLATFORMS' in host_memory.why_skipped(
+      {'JAX_PLATFORMS': 'cuda,cpu'}, 'linux', dev=str(tmp_path))
+  # CPU named first: XLA computes on the host after all.
   assert host_memory.why_skipped(
-      environ={'LD_PRELOAD': '/usr/lib/libfoo.so'}) == ''
+      {'JAX_PLATFORMS': 'cpu'}, 'linux', dev=str(tmp_path)) in (
+          '', "malloc is not glibc's")
