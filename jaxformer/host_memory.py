@@ -24,8 +24,9 @@ It is skipped where malloc is not glibc's, where the user set glibc's malloc
 tunables (MALLOC_* or GLIBC_TUNABLES) or preloads another allocator, with
 JAXFORMER_SYSTEM_MALLOC=1, and where an accelerator computes (a GPU or TPU
 device file, or JAX_PLATFORMS naming another platform first): XLA's
-temporaries live on the device there, and one heap for all the host's
-threads, the input pipeline's among them, is a cost measured nowhere.
+temporaries live on the device there, and what one heap for all the
+host's threads (the input pipeline's among them) would cost there is
+unmeasured.
 """
 import ctypes
 import glob
