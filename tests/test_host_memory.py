@@ -34,8 +34,10 @@ def faults_per_call(**environ) -> float:
   return float(result.stdout.split()[-1])
 
 
-@pytest.mark.skipif(host_memory.why_skipped(environ={}) != '',
-                    reason=host_memory.why_skipped(environ={}) or 'applies')
+SKIPPED_HERE = host_memory.why_skipped(environ={})
+
+
+@pytest.mark.skipif(bool(SKIPPED_HERE), reason=SKIPPED_HERE)
 def test_xla_temporaries_are_reused_instead_of_faulted_in_at_every_call():
   kept = faults_per_call()
   system = faults_per_call(JAXFORMER_SYSTEM_MALLOC='1')
