@@ -11,6 +11,13 @@ Every choice of a code path by platform (`model/backend.py`: attention
 kernels, the CPU-only decoding kernels) sees the TPU devices the program is
 compiled for, not this machine's CPU.
 
+Before compiling, every host's start-up is rehearsed (`rehearse_hosts`):
+the compile-only devices carry each chip's process index, and
+`host_plan.plan_host`, which `jaxformer train` runs on its own host, runs
+for each process of the topology: a layout that train would refuse is
+refused here with the same message, and the report lists the row shards
+each host feeds.
+
 Collective counts are instructions in the compiled module: one in a loop
 body (`model.scan_layers`) counts once, although it runs once per layer.
 XLA's cost model also counts a loop's body once, for `nn.scan` and for the
@@ -31,6 +38,7 @@ import ml_collections
 from jaxformer import decode
 from jaxformer import evaluate
 from jaxformer import hlo
+from jaxformer import host_plan
 from jaxformer import parallel
 from jaxformer import trained
 from jaxformer.data import tasks as data_tasks
@@ -194,9 +202,9 @@ def _check_rows(what: str, rows: int, mesh, key: str):
         f'= {split}; set {key} so that they do.')
 
 
-def build_programs(config: ml_collections.ConfigDict, mesh, process_count: int,
-                   kinds=('train', 'eval', 'decode'), buckets=None
-                   ) -> list[Program]:
+def build_programs(config: ml_collections.ConfigDict, mesh,
+                   kinds=('train', 'eval', 'decode'), buckets=None,
+                   layout=None) -> list[Program]:
   """The run's programs on `mesh`, as `jaxformer train` and `evaluate`
   build them: the train step for each batch shape, the eval step and, for
   translation, the decode loop (beam search of config.decode.beam_size;
@@ -205,9 +213,7 @@ def build_programs(config: ml_collections.ConfigDict, mesh, process_count: int,
   task = get_task(config.task)
   train = config.train
   rules = config.mesh.axis_rules
-  schedule = schedules.make_schedule(train, model_config.d_model)
-  tx = schedules.make_optimizer(train, schedule)
-  abstract, shardings = trained.train_state_layout(config, mesh, tx)
+  abstract, shardings = layout or state_layout(config, mesh)
   state = jax.tree.map(
       lambda a, s: jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=s),
       abstract, shardings)
@@ -221,6 +227,8 @@ def build_programs(config: ml_collections.ConfigDict, mesh, process_count: int,
 
   if 'train' in kinds:
     accum = train.grad_accum_steps
+    schedule = schedules.make_schedule(train, model_config.d_model)
+    tx = schedules.make_optimizer(train, schedule)
     step = lambda: compile_train_step(  # noqa: E731
         mesh, shardings, task=task,
         model=task.model(model_config, deterministic=False), tx=tx,
@@ -238,7 +246,7 @@ def build_programs(config: ml_collections.ConfigDict, mesh, process_count: int,
                                             source, target)))
   data = config.data
   if 'eval' in kinds:
-    rows = -(-data.batch_size // process_count) * process_count
+    rows = data_tasks.eval_batch_rows(config, parallel.row_shards(mesh))
     _check_rows(f'eval batch of {rows} rows', rows, mesh, 'data.batch_size')
     batch = batch_struct(config, rows, data.max_source_length,
                          data.max_target_length, mesh)
@@ -253,6 +261,25 @@ def build_programs(config: ml_collections.ConfigDict, mesh, process_count: int,
     programs.append(_decode_program(config, model_config, mesh, state.params,
                                     under_mesh))
   return programs
+
+
+def state_layout(config: ml_collections.ConfigDict, mesh):
+  """(abstract train state, shardings) of the run, with its optimizer."""
+  schedule = schedules.make_schedule(
+      config.train, model_config_lib.from_config_dict(config.model).d_model)
+  return trained.train_state_layout(
+      config, mesh, schedules.make_optimizer(config.train, schedule))
+
+
+def rehearse_hosts(config: ml_collections.ConfigDict, mesh, layout
+                   ) -> list[host_plan.HostPlan]:
+  """Every process's start-up plan on `mesh`, by the code `jaxformer
+  train` runs on each host (`host_plan.plan_host`): the first host whose
+  layout train would refuse raises train's error."""
+  processes = sorted({d.process_index for d in mesh.devices.flat})
+  abstract, shardings = layout
+  return [host_plan.plan_host(config, mesh, p, shardings, abstract)
+          for p in processes]
 
 
 def _decode_program(config, model_config, mesh, params, under_mesh):
@@ -365,16 +392,20 @@ def compile_run(config: ml_collections.ConfigDict, topology_name: str,
   devices = topology_devices(topo)
   mesh = parallel.make_mesh(
       {axis: config.mesh[axis] for axis in parallel.MESH_AXES}, devices)
-  hosts = len({d.process_index for d in devices})
+  layout = state_layout(config, mesh)
+  plans = rehearse_hosts(config, mesh, layout)
+  hosts = len(plans)
   report = {'topology': topo.name, 'chips': len(devices), 'hosts': hosts,
             'vocab_size': config.model.vocab_size,
             'device_kind': devices[0].device_kind,
             'hbm_gib': topo.chip.hbm_gib,
             'peak_bf16_flops': topo.chip.peak_bf16_flops,
-            'mesh': dict(mesh.shape), 'programs': []}
+            'mesh': dict(mesh.shape),
+            'hosts_plan': [plan.summary() for plan in plans], 'programs': []}
   if log:
     log(format_header(report))
-  for program in build_programs(config, mesh, hosts, kinds, buckets):
+    log(format_hosts(report))
+  for program in build_programs(config, mesh, kinds, buckets, layout):
     report['programs'].append(program_report(program, topo, len(devices)))
     if log:
       log(format_program(report['programs'][-1]))
@@ -459,6 +490,24 @@ def format_program(p: dict) -> str:
              'one)')
   lines.append(cost)
   return '\n'.join(lines)
+
+
+def format_hosts(report: dict) -> str:
+  """One line per host: the row shards it feeds and its share of the state."""
+  lines = ['start-up of each host (as `jaxformer train` runs it): accepted']
+  for host in report['hosts_plan']:
+    lines.append(
+        f'  process {host["process"]}: row shards {host["row_shards"]} of '
+        f'{host["of"]}, {_rows(host["local_rows"])} rows per training batch'
+        + f', {host["local_eval_rows"]} per evaluation batch; '
+        f'{_bytes(host["state_bytes"])} of train state')
+  return '\n'.join(lines)
+
+
+def _rows(counts: list[int]) -> str:
+  if len(counts) == 1:
+    return str(counts[0])
+  return f'{min(counts)}-{max(counts)} (by bucket)'
 
 
 def format_header(report: dict) -> str:

@@ -266,10 +266,12 @@ def cmd_compile(args, overrides) -> int:
   from jaxformer import aot
   from jaxformer.config import load_config
   config = load_config(args.config, overrides)
-  kinds = tuple(k.strip() for k in args.programs.split(',') if k.strip())
+  kinds = tuple(k.strip() for k in args.programs.split(',')
+                if k.strip() not in ('', 'none'))
   unknown = sorted(set(kinds) - {'train', 'eval', 'decode'})
   if unknown:
-    raise ValueError(f'--programs {unknown}: choose from train, eval, decode.')
+    raise ValueError(f'--programs {unknown}: choose from train, eval, '
+                     'decode, or none (the start-up of every host only).')
   buckets = None
   if args.buckets != 'all':
     buckets = [int(w) for w in args.buckets.split(',')]
@@ -398,7 +400,8 @@ def build_parser() -> argparse.ArgumentParser:
   compile_.add_argument('--topology', required=True,
                         help='an accelerator type: v4-8, v5e-8, v5p-64, ...')
   compile_.add_argument('--programs', default='train,eval,decode',
-                        help='which of train, eval, decode (default: all)')
+                        help='which of train, eval, decode (default: all); '
+                        'none: only the start-up of every host')
   compile_.add_argument('--buckets', default='all',
                         help="bucket widths of the train step to compile, "
                         "e.g. 8,256 (default: all; 'pack' has one shape)")

@@ -157,7 +157,7 @@ def decode_split(params, model_config: ModelConfig,
   batches = pipeline.translation_eval_batches(
       config.data, source_tok, target_tok, split,
       batch_size=batch_size, process_index=jax.process_index(),
-      process_count=jax.process_count())
+      share=parallel.row_share(mesh))
   for local in batches:
     inputs = parallel.global_batch({'inputs': local['inputs'],
                                     'index': local['example_index']}, mesh)

@@ -34,6 +34,8 @@ import numpy as np
 from flax import linen as nn
 from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
+from jaxformer.row_share import RowShare
+
 MESH_AXES = ('data', 'fsdp', 'tensor')
 
 # Data parallel over `data` and `fsdp`; FSDP shards 'embed' over `fsdp`;
@@ -76,13 +78,36 @@ def mesh_shape(sizes: Mapping[str, int], num_devices: int) -> tuple[int, ...]:
 
 def make_mesh(sizes: Mapping[str, int],
               devices: Sequence[jax.Device] | None = None) -> Mesh:
-  """A ('data', 'fsdp', 'tensor') mesh over `devices` (default: all)."""
+  """A ('data', 'fsdp', 'tensor') mesh over `devices` (default: all).
+
+  `jax.make_mesh` orders devices by the interconnect, which on a TPU pod
+  interleaves hosts. That is fine for the batch axes (`row_shares` feeds
+  each host's shards wherever they are), but a `tensor` group split over
+  hosts would need one host's rows on another's devices. Where that happens
+  and each host's devices divide into whole `tensor` groups, the devices
+  are taken host by host instead (the interconnect order kept within each
+  host), so every `tensor` group lies within one host.
+  """
   devices = list(jax.devices() if devices is None else devices)
   shape = mesh_shape(sizes, len(devices))
   kwargs = {}
   if hasattr(jax.sharding, 'AxisType'):  # Newer jax defaults to Explicit.
     kwargs['axis_types'] = (jax.sharding.AxisType.Auto,) * len(MESH_AXES)
-  return jax.make_mesh(shape, MESH_AXES, devices=devices, **kwargs)
+  mesh = jax.make_mesh(shape, MESH_AXES, devices=devices, **kwargs)
+  if _tensor_groups_span_processes(mesh.devices):
+    host_major = sorted(mesh.devices.reshape(-1),
+                        key=lambda device: device.process_index)
+    by_host = np.array(host_major, dtype=object).reshape(shape)
+    if not _tensor_groups_span_processes(by_host):
+      mesh = Mesh(by_host, MESH_AXES, **kwargs)
+  return mesh
+
+
+def _tensor_groups_span_processes(devices: np.ndarray) -> bool:
+  """Whether any [tensor] group of a [data, fsdp, tensor] device array has
+  devices of more than one process."""
+  groups = devices.reshape(-1, devices.shape[-1])
+  return any(len({d.process_index for d in group}) > 1 for group in groups)
 
 
 def axis_rules(rules) -> tuple[tuple[str, object], ...]:
@@ -108,42 +133,52 @@ def row_shards(mesh: Mesh) -> int:
   return int(np.prod([mesh.shape[axis] for axis in BATCH_SPEC[0]]))
 
 
-def check_process_rows(mesh: Mesh, process_of=lambda device: device.process_index
-                       ) -> None:
-  """Rejects a mesh on which processes cannot feed their own rows.
-
-  Each process reads its own contiguous share of every global batch (the
-  p-th of P equal blocks, see `global_batch`), so the devices of process p
-  must hold exactly the p-th block of row shards. A `tensor` axis (which
-  repeats rows) or batch axes laid out across processes in another order
-  would need rows from two processes on one device.
+def row_shares(mesh: Mesh, process_of=lambda device: device.process_index
+               ) -> dict[int, RowShare]:
+  """Each process's row shards: those its devices hold (see row_share.py).
 
   Args:
-    process_of: device -> process index (a parameter so that layouts of
-      several hosts can be checked from one).
+    process_of: device -> process index (a parameter so that the layouts of
+      all hosts of a pod can be computed from one, as `jaxformer compile`
+      does with the compile-only client's devices).
 
   Raises:
-    ValueError naming the mesh and what to change.
+    ValueError naming the mesh and what to change, for the layouts that
+    cannot be fed: a row shard held by devices of two processes (a
+    `tensor` axis across hosts), or processes holding unequal numbers of
+    shards.
   """
   shards = row_shards(mesh)
-  by_process: dict[int, set[int]] = {}
+  held: dict[int, set[int]] = {}
+  holders: dict[int, set[int]] = {}
   for device, index in batch_sharding(mesh).devices_indices_map(
       (shards,)).items():
-    by_process.setdefault(process_of(device), set()).add(index[0].start or 0)
-  per_process = shards // len(by_process) if shards % len(by_process) == 0 else 0
-  for rank, process in enumerate(sorted(by_process)):
-    expected = set(range(rank * per_process, (rank + 1) * per_process))
-    if by_process[process] != expected or not per_process:
-      sizes = dict(zip(mesh.axis_names, mesh.devices.shape))
-      raise ValueError(
-          f'mesh {sizes} over {len(by_process)} processes: process '
-          f'{process} would need rows of other processes (its devices hold '
-          f'row shards {sorted(by_process[process])} of {shards}, not block '
-          f'{rank} of {len(by_process)}). Each process feeds its own rows, so '
-          'the batch axes (mesh.data x mesh.fsdp) must split rows by '
-          'process: keep mesh.tensor (and any axis other than data/fsdp) '
-          'within one process, and make mesh.data x mesh.fsdp a multiple of '
-          'the process count.')
+    shard, process = index[0].start or 0, process_of(device)
+    held.setdefault(process, set()).add(shard)
+    holders.setdefault(shard, set()).add(process)
+  sizes = dict(zip(mesh.axis_names, mesh.devices.shape))
+  shared = {s: sorted(p) for s, p in holders.items() if len(p) > 1}
+  if shared:
+    shard, processes = min(shared.items())
+    raise ValueError(
+        f'mesh {sizes} over {len(held)} processes: row shard {shard} is held '
+        f'by devices of processes {processes}, so one host would need '
+        "another's rows. Keep mesh.tensor within one host (it must divide "
+        f'the {len(mesh.devices.flat) // len(held)} devices of a host), or '
+        'make it 1 and use mesh.data / mesh.fsdp instead.')
+  counts = {p: len(s) for p, s in held.items()}
+  if len(set(counts.values())) > 1:
+    raise ValueError(
+        f'mesh {sizes}: processes hold unequal numbers of row shards '
+        f'{dict(sorted(counts.items()))}; every process must feed as many '
+        'rows as the others. Use all devices of every host (mesh axes whose '
+        'product is the device count).')
+  return {p: RowShare(tuple(sorted(s)), shards) for p, s in sorted(held.items())}
+
+
+def row_share(mesh: Mesh) -> RowShare:
+  """This process's row shards of `mesh` (see `row_shares`)."""
+  return row_shares(mesh)[jax.process_index()]
 
 
 def without_axis(spec: PartitionSpec, axis: str) -> PartitionSpec:
@@ -176,7 +211,8 @@ def replicated(mesh: Mesh) -> NamedSharding:
 def global_batch(local_batch: Mapping[str, np.ndarray],
                  mesh: Mesh) -> dict[str, jax.Array]:
   """Assembles each process's rows into global arrays split over the batch
-  axes of `mesh` (rows of process i follow those of process i-1)."""
+  axes of `mesh`: a process's rows are those of its row shards in order
+  (`row_share`), which is how JAX places process-local data."""
   sharding = batch_sharding(mesh)
   return {key: jax.make_array_from_process_local_data(sharding, np.asarray(v))
           for key, v in local_batch.items()}

@@ -27,8 +27,7 @@ def test_every_bucket_of_the_wmt_configs_splits_over_8_devices(
   config = config_lib.load_config(
       path, [f'train.grad_accum_steps={grad_accum_steps}'])
   mesh = parallel.make_mesh(mesh_sizes, jax.devices()[:8])
-  shapes = data_tasks.check_batch_shapes(config, parallel.row_shards(mesh),
-                                         jax.process_count())
+  shapes = data_tasks.check_batch_shapes(config, parallel.row_shards(mesh))
   widths = pipeline.bucket_lengths(256)
   assert len(shapes) == len(widths)
   budget = config.data.tokens_per_batch
@@ -52,7 +51,7 @@ def test_a_pack_batch_size_that_does_not_split_is_an_error_at_start_up():
   config = config_lib.load_config('configs/quickstart.py',
                                   ['data.batch_size=12'])
   with pytest.raises(ValueError, match='data.batch_size'):
-    data_tasks.check_batch_shapes(config, row_shards=8, process_count=1)
+    data_tasks.check_batch_shapes(config, row_shards=8)
 
 
 def test_bucket_batches_hold_no_segment_ids_for_the_model():
@@ -72,7 +71,19 @@ def two_hosts(device):
 @pytest.mark.parametrize('mesh_sizes', [
     {'data': 8}, {'data': 2, 'fsdp': 4}, {'fsdp': 8}, {'data': 4, 'tensor': 2}])
 def test_layouts_that_split_rows_by_process_are_accepted(mesh_sizes):
-  parallel.check_process_rows(parallel.make_mesh(mesh_sizes), two_hosts)
+  shares = parallel.row_shares(parallel.make_mesh(mesh_sizes), two_hosts)
+  shards = sorted(s for share in shares.values() for s in share.shards)
+  assert shards == list(range(shares[0].num_shards))
+
+
+def test_hosts_that_alternate_feed_the_shards_they_hold():
+  """As jax.make_mesh orders a v4-16's chips: hosts alternate along `data`."""
+  mesh = jax.sharding.Mesh(
+      np.array(jax.devices()).reshape(2, 4).T.reshape(8, 1, 1),
+      parallel.MESH_AXES)
+  shares = parallel.row_shares(mesh, two_hosts)
+  assert shares[0].shards == (0, 2, 4, 6) and shares[1].shards == (1, 3, 5, 7)
+  assert shares[1].rows(16).tolist() == [2, 3, 6, 7, 10, 11, 14, 15]
 
 
 @pytest.mark.parametrize('mesh_sizes', [{'tensor': 8}, {'data': 2, 'tensor': 4},
@@ -85,7 +96,14 @@ def test_a_tensor_axis_across_processes_is_rejected(mesh_sizes):
       np.array(jax.devices()).reshape(4, 2).T.reshape(mesh.devices.shape),
       mesh.axis_names)
   with pytest.raises(ValueError, match='mesh.tensor'):
-    parallel.check_process_rows(mesh, two_hosts)
+    parallel.row_shares(mesh, two_hosts)
+
+
+def test_processes_with_unequal_shares_are_rejected():
+  def three_and_five(device):
+    return int(device.id >= 3)
+  with pytest.raises(ValueError, match='unequal numbers of row shards'):
+    parallel.row_shares(parallel.make_mesh({'data': 8}), three_and_five)
 
 
 @pytest.mark.parametrize('key', ['max_source_length', 'max_target_length'])

@@ -14,6 +14,7 @@ import subprocess
 import sys
 import time
 
+import jax
 import numpy as np
 import pytest
 
@@ -123,11 +124,12 @@ def process_env(port: int, index: int) -> dict[str, str]:
               XLA_FLAGS='--xla_force_host_platform_device_count=2')
 
 
-def train(workdir, processes: int, devices: int, steps: int, *overrides):
+def train(workdir, processes: int, devices: int, steps: int, *overrides,
+          program=TRAIN):
   """`jaxformer train` as `processes` x `devices` through launch/local.sh;
   returns process 0's output."""
   command = [str(LOCAL_SH), '--processes', str(processes), '--devices',
-             str(devices), '--port', str(free_port()), '--', *TRAIN,
+             str(devices), '--port', str(free_port()), '--', *program,
              '--workdir', str(workdir), f'--config.train.num_steps={steps}',
              *QUICK, *overrides]
   result = subprocess.run(command, capture_output=True, text=True,
@@ -166,18 +168,23 @@ def test_one_and_two_processes_read_the_same_global_batches(tmp_path):
                XLA_FLAGS='--xla_force_host_platform_device_count=4'),
       capture_output=True, text=True, timeout=RUN_TIMEOUT)
   assert single.returncode == 0, single.stderr[-4000:]
-  port = free_port()
-  pair = [subprocess.Popen(
-      [*script, str(tmp_path / 'cache2'), str(tmp_path / 'two.npz')],
-      env=process_env(port, index), stdout=subprocess.DEVNULL,
-      stderr=subprocess.PIPE, text=True) for index in range(2)]
-  for index, process in enumerate(pair):
-    _, errors = process.communicate(timeout=RUN_TIMEOUT)
-    assert process.returncode == 0, f'process {index}:\n{errors[-4000:]}'
-  one, two = np.load(tmp_path / 'one.npz'), np.load(tmp_path / 'two.npz')
-  assert sorted(one) == sorted(two) and len(one) == 3 * (6 + 2)
-  for key in one:
-    np.testing.assert_array_equal(one[key], two[key], err_msg=key)
+  one = np.load(tmp_path / 'one.npz')
+  # Processes owning neighbouring devices, then taking them in turn (as on
+  # a TPU pod): each feeds the rows of its own row shards.
+  for order in ('', 'interleaved'):
+    port = free_port()
+    pair = [subprocess.Popen(
+        [*script, str(tmp_path / f'cache2{order}'),
+         str(tmp_path / f'two{order}.npz'), order],
+        env=process_env(port, index), stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE, text=True) for index in range(2)]
+    for index, process in enumerate(pair):
+      _, errors = process.communicate(timeout=RUN_TIMEOUT)
+      assert process.returncode == 0, f'process {index}:\n{errors[-4000:]}'
+    two = np.load(tmp_path / f'two{order}.npz')
+    assert sorted(one) == sorted(two) and len(one) == 3 * (6 + 2)
+    for key in one:
+      np.testing.assert_array_equal(one[key], two[key], err_msg=key)
 
 
 @pytest.fixture(scope='module')
@@ -221,6 +228,28 @@ def test_two_processes_train_exactly_like_one(one_process, two_processes):
   assert [name.split('-')[0] for name in cached] == ['dev', 'train'], cached
   assert json.loads((two_processes / 'config.json').read_text())['train'][
       'num_steps'] == 10
+
+
+@pytest.mark.slow
+def test_two_interleaved_processes_train_exactly_like_one(one_process,
+                                                          tmp_path):
+  """As on a TPU pod, the mesh takes the processes' devices in turn, so
+  each process feeds row shards that are not neighbours: the same losses
+  and parameters as one process with the same global batch."""
+  from jaxformer import trained
+  workdir = tmp_path / 'interleaved'
+  output = train(workdir, 2, 2, 10, *shared_tokenizer(one_process),
+                 program=[sys.executable, str(REPO / 'tests' /
+                                              'train_interleaved.py'),
+                          *TRAIN[3:]])
+  assert 'Training steps 1-10' in output
+  one, two = train_losses(one_process), train_losses(workdir)
+  for step in range(1, 11):
+    assert two[step] == pytest.approx(one[step], abs=1e-5), step
+  params_one = trained.load(str(one_process)).params
+  params_two = trained.load(str(workdir)).params
+  for a, b in zip(jax.tree.leaves(params_one), jax.tree.leaves(params_two)):
+    np.testing.assert_allclose(np.asarray(a), np.asarray(b), atol=1e-5)
 
 
 @pytest.mark.slow

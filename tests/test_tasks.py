@@ -12,6 +12,7 @@ from jaxformer.data import builtin
 from jaxformer.data import sources
 from jaxformer.data import tasks as data_tasks
 from jaxformer.train.loop import train
+from jaxformer.row_share import RowShare
 
 
 # ------------------------------------------------------------------- data
@@ -81,7 +82,7 @@ def test_train_batches_resume_and_shard_by_process():
   assert sorted(epoch[epoch > 0]) == list(range(1, 11))
   assert (epoch == 0).sum() == 2
   halves = [next(data_tasks.row_train_batches(rows, 4, seed=3, start_step=1,
-                                              process_index=p, process_count=2))
+                                              share=RowShare.of_process(p, 2)))
             for p in range(2)]
   np.testing.assert_array_equal(
       np.concatenate([h['labels'] for h in halves]), first_seven[1])
@@ -91,8 +92,8 @@ def test_eval_batches_visit_every_example_once():
   rows = _numbered_rows(7)
   seen = []
   for process in range(2):
-    for batch in data_tasks.row_eval_batches(rows, 4, process_index=process,
-                                             process_count=2):
+    for batch in data_tasks.row_eval_batches(
+        rows, 4, share=RowShare.of_process(process, 2)):
       real = batch['example_index'] >= 0
       np.testing.assert_array_equal(batch['labels'][real],
                                     batch['example_index'][real] + 1)

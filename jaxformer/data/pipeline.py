@@ -57,6 +57,7 @@ from jaxformer.data import sources
 from jaxformer.data import token_cache as token_cache_lib
 from jaxformer.data import tokenizer as tokenizer_lib
 from jaxformer.data.token_cache import TokenizedSplit
+from jaxformer.row_share import RowShare, round_up_rows
 
 Batch = dict[str, np.ndarray]
 _BUCKET_GRANULARITY = 8
@@ -83,18 +84,18 @@ def training_examples(data_config: ml_collections.ConfigDict,
   return examples if fits.all() else examples.subset(np.flatnonzero(fits))
 
 
-def train_rows_per_process(batch_size: int, process_count: int) -> int:
-  """Rows of each process in a training batch: an exact share."""
-  if batch_size % process_count:
+def train_rows_per_process(batch_size: int, share: RowShare) -> int:
+  """Rows of this process in a training batch: an exact share."""
+  if batch_size % share.num_shards:
     raise ValueError(f'data.batch_size={batch_size} is not divisible by the '
-                     f'{process_count} processes; make it a multiple')
-  return batch_size // process_count
+                     f'{share.num_shards} row shards; make it a multiple')
+  return share.local_rows(batch_size)
 
 
-def eval_rows_per_process(batch_size: int, process_count: int) -> int:
-  """Rows of each process in an evaluation batch: the global batch is
-  rounded up to a multiple of the process count (the extra rows pad)."""
-  return -(-batch_size // process_count)
+def eval_global_rows(batch_size: int, share: RowShare) -> int:
+  """Rows of an evaluation batch: batch_size rounded up to a multiple of
+  the row shards (the extra rows pad)."""
+  return round_up_rows(batch_size, share)
 
 
 # ---------------------------------------------------------- tensorflow ops
@@ -236,12 +237,20 @@ def packing_plan(source_lengths, target_lengths, max_source_length,
 # ------------------------------------------------------------------ training
 
 
+def _concat_blocks(blocks: list[Batch]) -> Batch:
+  """One batch of the rows of `blocks` (each [rows_i, ...]) in order."""
+  if len(blocks) == 1:
+    return blocks[0]
+  return {key: tf.concat([block[key] for block in blocks], 0)
+          for key in blocks[0]}
+
+
 def _packed_dataset(examples: TokenizedSplit, data_config, start_step: int,
-                    process_index: int, process_count: int,
+                    process_index: int, share: RowShare,
                     row_multiple: int) -> tf.data.Dataset:
   del row_multiple  # data.batch_size is the user's; see check_batch_shapes.
   batch_size = data_config.batch_size
-  rows = train_rows_per_process(batch_size, process_count)
+  train_rows_per_process(batch_size, share)  # Checks that it divides.
   max_source, max_target = data_config.max_source_length, data_config.max_target_length
   source_lengths = tf.constant(examples.source_lengths)
   target_lengths = tf.constant(examples.target_lengths)
@@ -255,16 +264,21 @@ def _packed_dataset(examples: TokenizedSplit, data_config, start_step: int,
     num_rows = tf.size(plan[1]) - 1
     return tf.cast((num_rows + batch_size - 1) // batch_size, tf.int64)
 
-  def make_batch(plan, batch_number):
+  def make_block(plan, batch_number, offset, rows):
+    """Rows [offset, offset + rows) of the global batch."""
     order, row_bounds = plan
     num_rows = tf.size(row_bounds) - 1
-    first_row = tf.cast(batch_number, tf.int32) * batch_size + process_index * rows
+    first_row = tf.cast(batch_number, tf.int32) * batch_size + offset
     first_row, end_row = tf.minimum(first_row, num_rows), tf.minimum(first_row + rows, num_rows)
     positions = tf.range(row_bounds[first_row], row_bounds[end_row])
     row_of_example = tf.searchsorted(row_bounds, positions, side='right') - 1 - first_row
     source, target = gather_examples(examples, tf.gather(order, positions))
     return pack_into_rows(source, target, row_of_example, rows, max_source,
                           max_target)
+
+  def make_batch(plan, batch_number):
+    return _concat_blocks([make_block(plan, batch_number, offset, rows)
+                           for offset, rows in share.row_ranges(batch_size)])
 
   counts = None if examples.folder is None else epoch_counts.packing(
       data_config, examples.folder, examples.source_lengths,
@@ -334,8 +348,9 @@ def _bucket_batches(example_buckets: np.ndarray, rows_per_bucket: np.ndarray
 
 
 def _bucketed_dataset(examples: TokenizedSplit, data_config, start_step: int,
-                      process_index: int, process_count: int,
+                      process_index: int, share: RowShare,
                       row_multiple: int) -> tf.data.Dataset:
+  del process_index
   max_source, max_target = data_config.max_source_length, data_config.max_target_length
   widths = np.array(bucket_lengths(max(max_source, max_target)))
   global_rows = bucket_rows(data_config.tokens_per_batch, widths, row_multiple)
@@ -344,8 +359,11 @@ def _bucketed_dataset(examples: TokenizedSplit, data_config, start_step: int,
   batch_table = _bucket_batches(example_buckets, global_rows)
   shuffle = tf.constant(data_config.shuffle_buffer > 0)
 
-  # Processes take equal shares, so the last share may end with empty rows.
-  rows_of_bucket = tf.constant(-(-global_rows // process_count), tf.int32)
+  # Row shards take equal shares of a bucket's batches (row_multiple is a
+  # multiple of the shards), so a bucket's last batch may end with empty rows.
+  for rows in global_rows:
+    share.check_divides(int(rows))
+  shard_rows_of_bucket = tf.constant(global_rows // share.num_shards, tf.int32)
   source_width_of_bucket = tf.constant(np.minimum(widths, max_source), tf.int32)
   target_width_of_bucket = tf.constant(np.minimum(widths, max_target), tf.int32)
   buckets = tf.constant(example_buckets, tf.int32)
@@ -363,13 +381,17 @@ def _bucketed_dataset(examples: TokenizedSplit, data_config, start_step: int,
   def make_batch(plan, batch_number):
     by_bucket, batch_order = plan
     bucket, first, count = tf.unstack(batch_table[batch_order[batch_number]])
-    rows = rows_of_bucket[bucket]
-    mine = tf.range(tf.minimum(process_index * rows, count),
-                    tf.minimum((process_index + 1) * rows, count))
-    chosen = tf.gather(by_bucket, first + mine)
-    source, target = gather_examples(examples, chosen)
-    return pack_into_rows(source, target, tf.range(tf.size(chosen)), rows,
-                          source_width_of_bucket[bucket], target_width_of_bucket[bucket])
+    shard_rows = shard_rows_of_bucket[bucket]
+    blocks = []
+    for first_shard, shards in share.blocks():
+      start, rows = first_shard * shard_rows, shards * shard_rows
+      mine = tf.range(tf.minimum(start, count), tf.minimum(start + rows, count))
+      chosen = tf.gather(by_bucket, first + mine)
+      source, target = gather_examples(examples, chosen)
+      blocks.append(pack_into_rows(
+          source, target, tf.range(tf.size(chosen)), rows,
+          source_width_of_bucket[bucket], target_width_of_bucket[bucket]))
+    return _concat_blocks(blocks)
 
   first_epoch, first_batch = divmod(start_step, num_batches)
   plans = epochs.batches_from(first_epoch, first_batch, epoch_plan,
@@ -377,11 +399,8 @@ def _bucketed_dataset(examples: TokenizedSplit, data_config, start_step: int,
   return plans.map(make_batch, num_parallel_calls=tf.data.AUTOTUNE)
 
 
-def _start_tensorflow(process_index: int, process_count: int) -> None:
-  """Checks the process index; keeps TensorFlow on the CPU so that it leaves
-  GPU/TPU memory to JAX."""
-  if not 0 <= process_index < process_count:
-    raise ValueError(f'process_index {process_index} is not in [0, {process_count})')
+def _start_tensorflow() -> None:
+  """Keeps TensorFlow on the CPU so that it leaves GPU/TPU memory to JAX."""
   try:
     tf.config.set_visible_devices([], 'GPU')
     tf.config.set_visible_devices([], 'TPU')
@@ -407,16 +426,19 @@ def _as_numpy(dataset: tf.data.Dataset, examples: TokenizedSplit
 def translation_train_batches(
     data_config: ml_collections.ConfigDict, source_tok: tokenizer_lib.Tokenizer,
     target_tok: tokenizer_lib.Tokenizer, *, start_step: int = 0,
-    process_index: int = 0, process_count: int = 1, row_multiple: int = 1,
+    process_index: int = 0, share: RowShare = RowShare(), row_multiple: int = 1,
     token_cache: str | None = None) -> Iterator[Batch]:
-  """This process's share of global batches start_step, start_step + 1, ...
+  """This process's rows (`share`) of global batches start_step,
+  start_step + 1, ...
 
   Infinite and deterministic for a given config and row_multiple: batch k
-  is the same whatever start_step was.  'pack' batches are [batch_size //
-  process_count, max_*_length]; 'bucket' batches are [ceil(rows /
-  process_count), width] with rows from `bucket_rows(tokens_per_batch,
-  widths, row_multiple)` and width one of `bucket_lengths` (capped by each
-  side's max length), the same on every process at each step.  The split
+  is the same whatever start_step was, and global row r of it holds the
+  same examples whatever the share.  'pack' batches have
+  `share.local_rows(batch_size)` rows of max_*_length; 'bucket' batches
+  have `share.local_rows(rows)` rows of a width, with rows from
+  `bucket_rows(tokens_per_batch, widths, row_multiple)` and width one of
+  `bucket_lengths` (capped by each side's max length), the same on every
+  process at each step.  process_index 0 writes what is written once.  The split
   is tokenised once into `token_cache` (a directory, see token_cache.py), or
   in memory when None; each batch reads only the token ids of its rows.
 
@@ -430,12 +452,11 @@ def translation_train_batches(
   if data_config.batching not in builders:
     raise ValueError(f"data.batching must be 'pack' or 'bucket', got "
                      f'{data_config.batching!r}')
-  _start_tensorflow(process_index, process_count)
+  _start_tensorflow()
   examples = training_examples(data_config, source_tok, target_tok,
                                token_cache, process_index)
   dataset = builders[data_config.batching](examples, data_config, start_step,
-                                           process_index, process_count,
-                                           row_multiple)
+                                           process_index, share, row_multiple)
   return _as_numpy(dataset, examples)
 
 
@@ -446,13 +467,15 @@ def translation_eval_batches(
     data_config: ml_collections.ConfigDict, source_tok: tokenizer_lib.Tokenizer,
     target_tok: tokenizer_lib.Tokenizer, split: str, *,
     batch_size: int | None = None, process_index: int = 0,
-    process_count: int = 1, token_cache: str | None = None) -> Iterator[Batch]:
+    share: RowShare = RowShare(), token_cache: str | None = None
+    ) -> Iterator[Batch]:
   """Every example of `split` exactly once across processes, in order.
 
-  Global batch b holds examples [b * R * P, (b + 1) * R * P) with R =
-  ceil(batch_size / process_count) rows per process and P processes; process p
-  takes the p-th group of R.  Rows past the end are padding.  Every process
-  yields the same number of [R, max_*_length] batches.  Examples longer than
+  Global batch b holds examples [b * G, (b + 1) * G), G = batch_size rounded
+  up to a multiple of the row shards (`eval_global_rows`); each process
+  takes the rows of its `share`.  Rows past the end are padding.  Every
+  process yields the same number of [share.local_rows(G), max_*_length]
+  batches.  Examples longer than
   the max lengths are truncated, keeping their final EOS_ID.  `token_cache`
   as for `translation_train_batches`.
 
@@ -461,18 +484,16 @@ def translation_eval_batches(
     'example_index' [R] int32: the example's index in the split, -1 for
     padding rows.
   """
-  _start_tensorflow(process_index, process_count)
+  _start_tensorflow()
   max_source, max_target = data_config.max_source_length, data_config.max_target_length
   examples = token_cache_lib.tokenized_split(
       data_config, split, source_tok, target_tok, token_cache,
       process_index=process_index)
-  rows = eval_rows_per_process(batch_size or data_config.batch_size,
-                               process_count)
-  global_rows = rows * process_count
+  global_rows = eval_global_rows(batch_size or data_config.batch_size, share)
   num_batches = -(-examples.num_examples // global_rows)
 
-  def make_batch(batch_number):
-    first = tf.cast(batch_number, tf.int32) * global_rows + process_index * rows
+  def make_block(batch_number, offset, rows):
+    first = tf.cast(batch_number, tf.int32) * global_rows + offset
     chosen = tf.range(tf.minimum(first, examples.num_examples),
                       tf.minimum(first + rows, examples.num_examples))
     source, target = gather_examples(examples, chosen, max_source, max_target)
@@ -481,6 +502,10 @@ def translation_eval_batches(
     batch['example_index'] = tf.pad(chosen, [[0, rows - tf.size(chosen)]],
                                     constant_values=-1)
     return batch
+
+  def make_batch(batch_number):
+    return _concat_blocks([make_block(batch_number, offset, rows)
+                           for offset, rows in share.row_ranges(global_rows)])
 
   dataset = tf.data.Dataset.range(num_batches).map(
       make_batch, num_parallel_calls=tf.data.AUTOTUNE)

@@ -31,6 +31,7 @@ import numpy as np
 from jaxformer.data import pipeline
 from jaxformer.data import sources
 from jaxformer.data import tokenizer as tokenizer_lib
+from jaxformer.row_share import RowShare
 
 Batch = dict[str, np.ndarray]
 
@@ -156,70 +157,74 @@ def task_rows(config: ml_collections.ConfigDict, split: str,
   return ROW_LAYOUTS[config.task](config, texts, labels, split, source_tok)
 
 
-def _take(rows: dict[str, np.ndarray], chosen: np.ndarray, count: int) -> Batch:
-  """Rows `chosen` [k <= count], completed with empty rows to `count`."""
+def _take(rows: dict[str, np.ndarray], chosen: np.ndarray) -> Batch:
+  """Rows `chosen` [k] of `rows`; -1 gives an empty row."""
   batch = {}
   for key, array in rows.items():
-    taken = np.zeros((count,) + array.shape[1:], array.dtype)
-    taken[:len(chosen)] = array[chosen]
+    taken = np.zeros((len(chosen),) + array.shape[1:], array.dtype)
+    taken[chosen >= 0] = array[chosen[chosen >= 0]]
     batch[key] = taken
   return batch
 
 
+def _pick(table: np.ndarray, indices: np.ndarray) -> np.ndarray:
+  """table[indices], -1 where an index is past the end."""
+  inside = indices < len(table)
+  return np.where(inside, table[np.where(inside, indices, 0)], -1)
+
+
 def row_train_batches(rows: dict[str, np.ndarray], batch_size: int, seed: int,
-                      *, start_step: int = 0, process_index: int = 0,
-                      process_count: int = 1) -> Iterator[Batch]:
-  """Endless training batches of this process's rows, from batch `start_step`."""
+                      *, start_step: int = 0, share: RowShare = RowShare()
+                      ) -> Iterator[Batch]:
+  """Endless training batches of this process's rows (`share`), from batch
+  `start_step`."""
   num_rows = len(next(iter(rows.values())))
-  per_process = pipeline.train_rows_per_process(batch_size, process_count)
+  pipeline.train_rows_per_process(batch_size, share)  # Checks it divides.
+  mine = share.rows(batch_size)
   batches_per_epoch = -(-num_rows // batch_size)
   step = start_step
   while True:
     epoch, number = divmod(step, batches_per_epoch)
     order = np.random.default_rng([seed, epoch]).permutation(num_rows)
-    first = number * batch_size + process_index * per_process
-    yield _take(rows, order[first:first + per_process], per_process)
+    yield _take(rows, _pick(order, number * batch_size + mine))
     step += 1
 
 
 def row_eval_batches(rows: dict[str, np.ndarray], batch_size: int, *,
-                     process_index: int = 0, process_count: int = 1
-                     ) -> Iterator[Batch]:
+                     share: RowShare = RowShare()) -> Iterator[Batch]:
   """Every row once, in order; padding rows have 'example_index' -1."""
   num_rows = len(next(iter(rows.values())))
-  per_process = pipeline.eval_rows_per_process(batch_size, process_count)
-  global_rows = per_process * process_count
+  global_rows = pipeline.eval_global_rows(batch_size, share)
+  mine = share.rows(global_rows)
   for start in range(0, num_rows, global_rows):
-    first = min(start + process_index * per_process, num_rows)
-    chosen = np.arange(first, min(first + per_process, num_rows))
-    batch = _take(rows, chosen, per_process)
-    batch['example_index'] = np.full(per_process, -1, np.int32)
-    batch['example_index'][:len(chosen)] = chosen
+    chosen = _pick(np.arange(num_rows), start + mine).astype(np.int32)
+    batch = _take(rows, chosen)
+    batch['example_index'] = chosen
     yield batch
 
 
 def train_batches(config: ml_collections.ConfigDict,
                   source_tok: tokenizer_lib.Tokenizer,
                   target_tok: tokenizer_lib.Tokenizer, *, start_step: int = 0,
-                  process_index: int = 0, process_count: int = 1,
+                  process_index: int = 0, share: RowShare = RowShare(),
                   row_multiple: int = 1, token_cache: str | None = None
                   ) -> Iterator[Batch]:
-  """Training batches of `config.task`, from global batch `start_step` on;
+  """Training batches of `config.task`, from global batch `start_step` on,
+  the rows of `share` (process_index 0 writes the token cache);
   'bucket' batches have a multiple of `row_multiple` rows, one example
   each, and no '*_segment_ids' / '*_positions'. Translation tokenises into
   `token_cache` (a directory; None: in memory)."""
   if config.task not in ROW_LAYOUTS:
     batches = pipeline.translation_train_batches(
         config.data, source_tok, target_tok, start_step=start_step,
-        process_index=process_index, process_count=process_count,
+        process_index=process_index, share=share,
         row_multiple=row_multiple, token_cache=token_cache)
     if config.data.batching == 'bucket':
       return map(_without_packing, batches)
     return batches
   return row_train_batches(
       task_rows(config, 'train', source_tok), config.data.batch_size,
-      config.data.seed, start_step=start_step, process_index=process_index,
-      process_count=process_count)
+      config.data.seed, start_step=start_step, share=share)
 
 
 def _without_packing(batch: Batch) -> Batch:
@@ -247,19 +252,19 @@ def train_batch_shapes(config: ml_collections.ConfigDict, row_shards: int = 1
            config.data.max_target_length)]
 
 
-def check_batch_shapes(config: ml_collections.ConfigDict, row_shards: int,
-                       process_count: int) -> list[tuple[int, int, int]]:
+def check_batch_shapes(config: ml_collections.ConfigDict, row_shards: int
+                       ) -> list[tuple[int, int, int]]:
   """Checks, before training starts, that every training batch shape and
-  the evaluation batch split evenly over the mesh's row shards, the
-  microbatches and the processes; returns the training shapes.
+  the evaluation batch split evenly over the mesh's row shards and the
+  microbatches (and so over the processes, which hold equal numbers of
+  row shards: `parallel.row_shares`); returns the training shapes.
 
   Raises:
     ValueError naming the batch shape and the keys to change.
   """
   multiple = row_multiple(config, row_shards)
   shapes = train_batch_shapes(config, row_shards)
-  eval_rows = pipeline.eval_rows_per_process(
-      int(config.data.batch_size), process_count) * process_count
+  eval_rows = eval_batch_rows(config, row_shards)
   microbatches = (f'{row_shards} row shards (mesh.data x mesh.fsdp) x '
                   f'{config.train.grad_accum_steps} microbatches '
                   '(train.grad_accum_steps)')
@@ -268,26 +273,30 @@ def check_batch_shapes(config: ml_collections.ConfigDict, row_shards: int,
   checks.append((eval_rows, row_shards, f'evaluation batch of {eval_rows} '
                  'rows', f'{row_shards} row shards (mesh.data x mesh.fsdp)'))
   for rows, needed, what, parts in checks:
-    if rows % needed or rows % process_count:
+    if rows % needed:
       raise ValueError(
-          f'The {what} does not split into {parts} over {process_count} '
-          f'processes; make data.batch_size a multiple of '
-          f'{np.lcm(needed, process_count)} or change the mesh.')
+          f'The {what} does not split into {parts}; make data.batch_size '
+          f'(or data.tokens_per_batch) a multiple of {needed} or change the '
+          'mesh.')
   return shapes
+
+
+def eval_batch_rows(config: ml_collections.ConfigDict, row_shards: int) -> int:
+  """Global rows of an evaluation batch on `row_shards` row shards."""
+  return pipeline.eval_global_rows(int(config.data.batch_size),
+                                   RowShare((0,), row_shards))
 
 
 def eval_batches(config: ml_collections.ConfigDict,
                  source_tok: tokenizer_lib.Tokenizer,
                  target_tok: tokenizer_lib.Tokenizer, split: str, *,
-                 process_index: int = 0, process_count: int = 1,
+                 process_index: int = 0, share: RowShare = RowShare(),
                  token_cache: str | None = None) -> Iterator[Batch]:
   """Evaluation batches of `config.task` over the whole `split`
   (`token_cache` as for `train_batches`)."""
   if config.task not in ROW_LAYOUTS:
     return pipeline.translation_eval_batches(
         config.data, source_tok, target_tok, split,
-        process_index=process_index, process_count=process_count,
-        token_cache=token_cache)
+        process_index=process_index, share=share, token_cache=token_cache)
   return row_eval_batches(task_rows(config, split, source_tok),
-                          config.data.batch_size, process_index=process_index,
-                          process_count=process_count)
+                          config.data.batch_size, share=share)

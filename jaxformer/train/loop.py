@@ -14,6 +14,7 @@ from jax.experimental import multihost_utils
 
 from jaxformer import checkpoint as checkpoint_lib
 from jaxformer import evaluate as evaluate_lib
+from jaxformer import host_plan
 from jaxformer import parallel
 from jaxformer import paths
 from jaxformer import trained as trained_lib
@@ -128,8 +129,12 @@ def measure_peak_flops(seconds: float = 0.5) -> float:
 class Trainer:
   """Holds what a run needs between steps; `run()` trains to num_steps."""
 
-  def __init__(self, config: ml_collections.ConfigDict, workdir: str):
+  def __init__(self, config: ml_collections.ConfigDict, workdir: str,
+               devices=None):
+    """`devices`: the mesh's devices in order (default: all, as
+    `jax.make_mesh` orders them)."""
     parallel.initialize_distributed(config.distributed)
+    self.devices = devices
     self.budget = budget_lib.Budget(config.train.max_minutes,
                                     sync_every=config.train.log_every)
     self.finished = False
@@ -156,13 +161,14 @@ class Trainer:
                        self.config.to_json_best_effort(indent=2))
     self.model_config = model_config_lib.from_config_dict(self.config.model)
     self.task = get_task(self.config.task)
-    self.mesh = parallel.make_mesh(
-        {axis: self.config.mesh[axis] for axis in parallel.MESH_AXES})
     self.rules = self.config.mesh.axis_rules
-    # Layout and batch shapes are checked now, not hours in at a first use.
-    parallel.check_process_rows(self.mesh)
-    data_tasks.check_batch_shapes(self.config, parallel.row_shards(self.mesh),
-                                  jax.process_count())
+    # Layout and batch shapes are checked now, not hours in at a first use,
+    # by the code `jaxformer compile` runs for every host of a pod.
+    self.plan = host_plan.plan_host(self.config,
+                                    host_plan.run_mesh(self.config,
+                                                       self.devices),
+                                    jax.process_index())
+    self.mesh, self.share = self.plan.mesh, self.plan.share
     self._set_num_steps(self.config.train.num_steps)
     self.example_batch = self.task.example_batch(self.config)
     self.token_cache = token_cache_lib.directory(self.config.data, workdir)
@@ -177,7 +183,7 @@ class Trainer:
     for split in sorted(splits):
       next(iter(data_tasks.eval_batches(
           self.config, self.source_tok, self.target_tok, split,
-          process_index=jax.process_index(), process_count=jax.process_count(),
+          process_index=jax.process_index(), share=self.share,
           token_cache=self.token_cache)), None)
 
   def _set_num_steps(self, num_steps: int) -> None:
@@ -281,9 +287,8 @@ class Trainer:
     shardings = jax.tree.map(lambda x: x.sharding, state)
     batches = data_tasks.train_batches(
         config, self.source_tok, self.target_tok, start_step=start_step,
-        process_index=jax.process_index(), process_count=jax.process_count(),
-        row_multiple=data_tasks.row_multiple(config,
-                                             parallel.row_shards(self.mesh)),
+        process_index=jax.process_index(), share=self.share,
+        row_multiple=data_tasks.row_multiple(config, self.share.num_shards),
         token_cache=self.token_cache)
     writer = MetricsWriter(self.workdir, enabled=self.is_main)
     measure_at = self._budget_measure_step(start_step)
@@ -460,7 +465,7 @@ class Trainer:
     totals = None
     batches = data_tasks.eval_batches(
         self.config, self.source_tok, self.target_tok, eval_config.split,
-        process_index=jax.process_index(), process_count=jax.process_count(),
+        process_index=jax.process_index(), share=self.share,
         token_cache=self.token_cache)
     for index, local in enumerate(batches):
       if eval_config.num_batches and index >= eval_config.num_batches:

@@ -12,6 +12,7 @@ import pytest
 from jaxformer.data import epoch_counts
 from jaxformer.data import epochs
 from jaxformer.data import pipeline
+from jaxformer.row_share import RowShare
 
 import tsv_corpus
 from tsv_corpus import write_tsv
@@ -137,7 +138,7 @@ def test_a_count_that_disagrees_with_its_plan_stops_the_stream(config, tok,
 def test_other_processes_read_the_counts_or_plan_without_waiting(
     config, tok, tmp_path, monkeypatch):
   cache = str(tmp_path / 'cache')
-  share = dict(process_index=1, process_count=2)
+  share = dict(process_index=1, share=RowShare.of_process(1, 2))
   want = take(config, tok, STEP, **share)
   take(config, tok, 0, 1, token_cache=cache)  # Process 0 writes the cache.
   for path in count_files(cache):

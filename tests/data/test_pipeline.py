@@ -10,6 +10,7 @@ from jaxformer.data import pipeline
 from jaxformer.data import tokenizer as tokenizer_lib
 from jaxformer.data.sources import DataError
 from jaxformer.data.tokenizer import EOS_ID
+from jaxformer.row_share import RowShare
 
 NUM_TRAIN, NUM_DEV = 300, 23
 KEYS = ('inputs', 'inputs_segment_ids', 'inputs_positions',
@@ -146,22 +147,30 @@ def test_resumed_stream_equals_the_uninterrupted_one(tok, batching):
 
 
 @pytest.mark.parametrize('batching', ['pack', 'bucket'])
-def test_processes_split_each_global_batch(tok, batching):
-  config = small_config(batching=batching, batch_size=6, tokens_per_batch=256)
-  whole = take(config, tok, 12)
-  shares = [take(config, tok, 12, process_index=p, process_count=3) for p in range(3)]
-  for step, step_shares in enumerate(zip(*shares)):
+@pytest.mark.parametrize('shards', [((0,), (1,), (2,)), ((0, 2), (1, 3))],
+                         ids=['blocks', 'interleaved'])
+def test_processes_read_the_rows_of_their_shards(tok, batching, shards):
+  """Global row r holds the same examples whichever process reads it, also
+  when a process's row shards are not neighbours (TPU pods)."""
+  num_shards = sum(map(len, shards))
+  config = small_config(batching=batching, batch_size=12, tokens_per_batch=256)
+  whole = take(config, tok, 12, row_multiple=num_shards)
+  shares = [RowShare(s, num_shards) for s in shards]
+  local = [take(config, tok, 12, process_index=p, share=share,
+                row_multiple=num_shards) for p, share in enumerate(shares)]
+  for step, step_batches in enumerate(zip(*local)):
+    rows = whole[step]['inputs'].shape[0]
     for key in KEYS:
-      assert len({share[key].shape for share in step_shares}) == 1
-      rows = whole[step][key].shape[0]
-      together = np.concatenate([share[key] for share in step_shares])
-      np.testing.assert_array_equal(together[:rows], whole[step][key])
-      assert not together[rows:].any()  # Rows that make the shares equal.
+      assert len({batch[key].shape for batch in step_batches}) == 1
+      together = np.zeros_like(whole[step][key])
+      for share, batch in zip(shares, step_batches):
+        together[share.rows(rows)] = batch[key]
+      np.testing.assert_array_equal(together, whole[step][key])
 
 
-def test_batch_size_must_divide_among_processes(tok):
+def test_batch_size_must_divide_among_row_shards(tok):
   with pytest.raises(ValueError, match='not divisible'):
-    take(small_config(), tok, 1, process_index=0, process_count=3)
+    take(small_config(), tok, 1, share=RowShare.of_process(0, 3))
 
 
 def test_bucketed_batches_keep_the_token_budget(tok):
@@ -186,13 +195,15 @@ def test_bucket_lengths_grow_by_eights_then_quarters():
   assert pipeline.bucket_lengths(256)[-4:] == [144, 176, 216, 256]
 
 
-@pytest.mark.parametrize('process_count', [1, 2, 3])
+@pytest.mark.parametrize('shards', [((0,),), ((0,), (1,)), ((0,), (1,), (2,)),
+                                    ((0, 2), (1, 3))])
 @pytest.mark.parametrize('batch_size', [1, 4, 32])
-def test_eval_sees_every_example_exactly_once(tok, process_count, batch_size):
+def test_eval_sees_every_example_exactly_once(tok, shards, batch_size):
   config = small_config()
-  per_process = [list(pipeline.translation_eval_batches(config, tok, tok, 'dev', batch_size=batch_size,
-                                            process_index=p, process_count=process_count))
-                 for p in range(process_count)]
+  num_shards = sum(map(len, shards))
+  per_process = [list(pipeline.translation_eval_batches(
+      config, tok, tok, 'dev', batch_size=batch_size, process_index=p,
+      share=RowShare(s, num_shards))) for p, s in enumerate(shards)]
   assert len({len(batches) for batches in per_process}) == 1
   sources = [english for english, _ in builtin.generate(NUM_DEV, 0, 'dev')]
   seen = []
