@@ -1,5 +1,6 @@
-"""The launchers in launch/, run against fake `gcloud`, `sbatch`, `srun`,
-`scontrol` and `jaxformer` programs that record how they were called."""
+"""The launchers in launch/, run against fake `gcloud`, `kubectl`, `sbatch`,
+`srun`, `scontrol` and `jaxformer` programs that record how they were
+called (the fake gcloud runs ssh commands here, one $HOME per worker)."""
 import importlib.metadata
 import json
 import os
@@ -11,6 +12,10 @@ import tarfile
 import textwrap
 
 import pytest
+import yaml
+
+from jaxformer import config as config_lib
+from jaxformer import parallel
 
 REPO = pathlib.Path(__file__).resolve().parents[1]
 LAUNCH = REPO / 'launch'
@@ -79,6 +84,11 @@ elif verb == 'ssh':
   sys.exit(code)
 '''
 
+KUBECTL = '''
+with open(os.environ['FAKE_LOG'] + '.stdin', 'w') as manifest:
+  manifest.write(sys.stdin.read())
+'''
+
 SCONTROL = '''
 print('gpu-a01\\ngpu-a02')
 '''
@@ -116,7 +126,8 @@ def fakes(tmp_path):
   bin_dir = tmp_path / 'bin'
   bin_dir.mkdir()
   behaviours = {'gcloud': GCLOUD, 'sbatch': '', 'srun': SRUN,
-                'scontrol': SCONTROL, 'jaxformer': JAXFORMER}
+                'scontrol': SCONTROL, 'jaxformer': JAXFORMER,
+                'kubectl': KUBECTL}
   for name, behaviour in behaviours.items():
     path = bin_dir / name
     path.write_text(FAKE.format(python=sys.executable,
@@ -286,6 +297,82 @@ def test_tpu_vm_restarts_need_a_bucket_workdir(fakes):
   assert result.returncode == 2
   assert 'gs://' in result.stderr and "'runs/local'" in result.stderr
   assert calls() == []
+
+
+# ---------------------------------------------------------------- GKE JobSet
+
+GKE = [sys.executable, LAUNCH / 'gke_jobset.py', '--name', 'run', '--image',
+       'jaxformer:test']
+
+
+def jobset(text):
+  """The pod count and pod spec of a JobSet manifest (YAML or JSON)."""
+  document = yaml.safe_load(text)
+  assert (document['apiVersion'], document['kind']) == (
+      'jobset.x-k8s.io/v1alpha2', 'JobSet')
+  (workers,) = document['spec']['replicatedJobs']
+  job = workers['template']['spec']
+  assert job['parallelism'] == job['completions']
+  assert job['completionMode'] == 'Indexed'
+  return job['parallelism'], job['template']['spec']
+
+
+@pytest.mark.parametrize('accelerator_type, topology_name', [
+    ('v5litepod-16', 'v5e-16'), ('v5p-64', 'v5p-64'), ('v4-16', 'v4-16')])
+def test_gke_tpu_jobset_has_one_pod_per_host_of_the_slice(
+    fakes, accelerator_type, topology_name):
+  pytest.importorskip('libtpu')
+  from jaxformer import aot
+  env, calls, _ = fakes
+  result = run([*GKE, '--accelerator-type', accelerator_type, '--spot',
+                '--dry-run', '--', *TRAIN], env)
+  pods, spec = jobset(result.stdout)
+  # The slice as libtpu lays it out: its hosts, chips and shape.
+  topology = aot.topology(topology_name)
+  devices = aot.topology_devices(topology)
+  assert pods == len({d.process_index for d in devices})
+  (container,) = spec['containers']
+  chips = container['resources']['limits']['google.com/tpu']
+  assert container['resources']['requests']['google.com/tpu'] == chips
+  assert pods * chips == topology.chips == len(devices)
+  assert spec['nodeSelector'] == {
+      'cloud.google.com/gke-tpu-accelerator': {
+          'v5e': 'tpu-v5-lite-podslice', 'v5p': 'tpu-v5p-slice',
+          'v4': 'tpu-v4-podslice'}[topology.chip.kind],
+      'cloud.google.com/gke-tpu-topology': topology.grid,
+      'cloud.google.com/gke-spot': 'true'}
+  assert container['command'] == TRAIN and container['image'] == 'jaxformer:test'
+  assert calls() == []
+
+
+def test_gke_gpu_pods_find_their_coordinator_and_ids(fakes):
+  env, calls, _ = fakes
+  result = run([*GKE, '--gpu-type', 'nvidia-h100-80gb', '--nodes', '2',
+                '--gpus-per-node', '8', '--output', 'json', '--', *TRAIN], env)
+  (call,) = calls()
+  assert call['argv'] == ['kubectl', 'apply', '-f', '-']
+  applied = pathlib.Path(env['FAKE_LOG'] + '.stdin').read_text()
+  assert '+ kubectl apply -f -' in result.stdout
+  pods, spec = jobset(applied)
+  (container,) = spec['containers']
+  assert pods == 2 and container['resources']['limits'] == {
+      'nvidia.com/gpu': 8}
+  # Pod 1 as Kubernetes starts it: the manifest's variables and its index.
+  pod_env = {e['name']: e['value'] for e in container['env']}
+  pod_env.update(KUBERNETES_SERVICE_HOST='10.0.0.1', JOB_COMPLETION_INDEX='1')
+  arguments = parallel.distributed_arguments(
+      config_lib.default_config().distributed, pod_env)
+  assert (arguments['coordinator_address'], arguments['num_processes'],
+          arguments['process_id']) == ('run-workers-0-0.run:1234', 2, 1)
+
+
+def test_gke_rejects_an_unknown_slice_in_one_line(fakes):
+  env, calls, _ = fakes
+  result = run([*GKE, '--accelerator-type', 'v5litepod-12', '--', *TRAIN], env,
+               check=False)
+  assert result.returncode == 2
+  assert 'no v5e slice of 12 chips' in result.stderr
+  assert 'v5e-16' in result.stderr and calls() == []
 
 
 # -------------------------------------------------------------------- SLURM
