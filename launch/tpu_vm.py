@@ -6,11 +6,17 @@
       jaxformer train --config configs/quickstart.py --workdir gs://bucket/runs/q
 
 Steps: create the VM; copy this checkout to every worker and install it (with
-jax[tpu]); run the command on every worker at once (each host is one JAX
-process; `jaxformer train` finds the others through the TPU metadata); stream
-their output; delete the VM. With --restart-on-preemption a run that ends
-because the VM was preempted is started again on a new VM and resumes from
-the last checkpoint, so the workdir must be in a bucket (gs://).
+jax[tpu] pinned to the jax this checkout was tested with); start the command
+on every worker at once, detached (each host is one JAX process; `jaxformer
+train` finds the others through the TPU metadata); stream worker 0's log and
+poll every worker until all have finished; delete the VM.
+
+The command runs under `nohup setsid` with its output in
+~/jaxformer-run/train.log on each worker, so a dropped ssh connection or a
+closed laptop does not stop it: streaming and polling reconnect, and
+`--attach` follows a run started earlier. With --restart-on-preemption a run
+that ends because the VM was preempted is started again on a new VM and
+resumes from the last checkpoint, so the workdir must be in a bucket (gs://).
 --dry-run prints the gcloud commands instead of running them.
 """
 import argparse
@@ -20,15 +26,37 @@ import subprocess
 import sys
 import tarfile
 import tempfile
+import time
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 PACKAGE_PATHS = ('pyproject.toml', 'README.md', 'jaxformer', 'configs')
 PREEMPTED_STATES = ('PREEMPTED', 'TERMINATED')
 REMOTE_DIR = '~/jaxformer'
 REMOTE_TARBALL = 'jaxformer.tar.gz'
-DEFAULT_INSTALL = (f'mkdir -p {REMOTE_DIR} && tar -xzf ~/{REMOTE_TARBALL} '
-                   f'-C {REMOTE_DIR} && python3 -m pip install -q -U '
-                   f"'jax[tpu]' -e {REMOTE_DIR}")
+# The command's log, process id and exit status on each worker.
+RUN_DIR = '$HOME/jaxformer-run'
+LOG, PID, EXIT = f'{RUN_DIR}/train.log', f'{RUN_DIR}/pid', f'{RUN_DIR}/exit_code'
+STATUS_TAG = 'jaxformer-status'
+LOST = 255  # A worker whose command vanished without an exit status.
+# The jax the test suite last passed with; `jax[tpu]==` pins jaxlib and
+# libtpu to the versions jax was released with.
+TESTED_JAX = '0.10.2'
+
+
+def tested_jax_version() -> str:
+  """The jax installed here (the one this checkout is tested with), else
+  TESTED_JAX."""
+  from importlib import metadata
+  try:
+    return metadata.version('jax')
+  except metadata.PackageNotFoundError:
+    return TESTED_JAX
+
+
+def install_command(jax_version: str) -> str:
+  return (f'mkdir -p {REMOTE_DIR} && tar -xzf ~/{REMOTE_TARBALL} '
+          f'-C {REMOTE_DIR} && python3 -m pip install -q '
+          f"'jax[tpu]=={jax_version}' -e {REMOTE_DIR}")
 
 
 def parse_args(argv):
@@ -49,9 +77,23 @@ def parse_args(argv):
   parser.add_argument('--max-restarts', type=int, default=20)
   parser.add_argument('--no-copy', action='store_true',
                       help='the runtime image already has jaxformer installed')
-  parser.add_argument('--install', default=DEFAULT_INSTALL,
+  parser.add_argument('--jax-version', default=tested_jax_version(),
+                      help='the jax[tpu] version installed on the workers '
+                           '(default: the jax installed here, %(default)s)')
+  parser.add_argument('--install',
                       help='shell command that installs the copied package on '
-                           'each worker')
+                           'each worker (default: pip install '
+                           "'jax[tpu]==JAX_VERSION' -e ~/jaxformer)")
+  parser.add_argument('--attach', action='store_true',
+                      help='follow a run started earlier on this VM (after '
+                           'the launcher was stopped): no create, copy or '
+                           'start')
+  parser.add_argument('--poll-seconds', type=float, default=30.0,
+                      help='how often to poll the workers for their status')
+  parser.add_argument('--max-poll-failures', type=int, default=60,
+                      help='give up following (training goes on) after this '
+                           'many failed polls in a row of a VM that is not '
+                           'preempted')
   parser.add_argument('--keep', action='store_true',
                       help='leave the VM running at the end')
   parser.add_argument('--dry-run', action='store_true',
@@ -60,6 +102,7 @@ def parse_args(argv):
                       help='after --: the command every worker runs')
   args = parser.parse_args(argv)
   args.command = args.command[1:] if args.command[:1] == ['--'] else args.command
+  args.install = args.install or install_command(args.jax_version)
   if not args.command:
     parser.error('give the command to run after --, e.g. -- jaxformer train '
                  '--config configs/quickstart.py --workdir gs://bucket/run')
@@ -114,12 +157,58 @@ def copy_commands(args, tarball: str) -> list[list[str]]:
           on_all_workers(args, args.install)]
 
 
-def run_command(args) -> list[str]:
+def on_worker_0(args, shell_command: str) -> list[str]:
+  return tpu_vm(args, 'ssh', args.name, '--worker=0',
+                f'--command={shell_command}')
+
+
+def start_command(args) -> list[str]:
+  """Starts the command on every worker in a session of its own (nohup
+  setsid: an ssh hang-up does not reach it) and returns once it runs there
+  (it writes its PID); its exit status goes to EXIT when it ends."""
   # pip installs scripts to ~/.local/bin, which ssh commands lack on PATH.
-  prefix = 'export PATH="$HOME/.local/bin:$PATH" && '
+  job = f'echo $$ > {PID}; export PATH="$HOME/.local/bin:$PATH"; '
   if not args.no_copy:
-    prefix += f'cd {REMOTE_DIR} && '
-  return on_all_workers(args, prefix + shlex.join(args.command))
+    job += f'cd {REMOTE_DIR} && '
+  job += (f'{shlex.join(args.command)}; echo $? > {EXIT}.tmp && '
+          f'mv {EXIT}.tmp {EXIT}')
+  return on_all_workers(
+      args, f'mkdir -p {RUN_DIR} && rm -f {EXIT} {PID} && {{ nohup setsid '
+            f'bash -c {shlex.quote(job)} > {LOG} 2>&1 < /dev/null & }} && '
+            f'for i in $(seq 300); do [ -s {PID} ] && break; sleep 0.1; done '
+            f'&& [ -s {PID} ]')
+
+
+def log_command(args, offset: int) -> list[str]:
+  """Worker 0's log from byte `offset` on, following it until the command
+  ends."""
+  return on_worker_0(args, f'tail -c +{offset + 1} -f --pid="$(cat {PID})" '
+                           f'{LOG}')
+
+
+def status_command(args) -> list[str]:
+  """Prints one STATUS_TAG line per worker: running, exited N, or lost (no
+  process and no exit status)."""
+  return on_all_workers(
+      args, f'if [ -f {EXIT} ]; then echo "{STATUS_TAG} exited $(cat {EXIT})"; '
+            f'elif kill -0 "$(cat {PID})" 2>/dev/null; then '
+            f'echo "{STATUS_TAG} running"; else echo "{STATUS_TAG} lost"; fi')
+
+
+def exit_status(output: str) -> int | None:
+  """The workers' combined exit status from status_command's output: None
+  while one runs (or when no worker answered), LOST when one vanished,
+  else the largest exit status."""
+  codes = []
+  for line in output.splitlines():
+    words = line.split()
+    if words[:1] != [STATUS_TAG] or len(words) < 2:
+      continue
+    if words[1] == 'running':
+      return None
+    codes.append(int(words[2]) if words[1] == 'exited' and len(words) > 2
+                 and words[2].isdigit() else LOST)
+  return max(codes) if codes else None
 
 
 def state_command(args) -> list[str]:
@@ -158,29 +247,79 @@ class Gcloud:
     return code
 
   def state(self, command) -> str:
+    return (self.output(command) or '').strip()
+
+  def output(self, command) -> str | None:
+    """The command's stdout, or None when it fails."""
     print('+ ' + shlex.join(command), flush=True)
     if self.dry_run:
       return ''
     result = subprocess.run(command, capture_output=True, text=True)
-    return result.stdout.strip() if result.returncode == 0 else ''
+    return result.stdout if result.returncode == 0 else None
+
+  def stream(self, command) -> int:
+    """Copies the command's output here as it comes; returns its bytes."""
+    print('+ ' + shlex.join(command), flush=True)
+    if self.dry_run:
+      return 0
+    received = 0
+    with subprocess.Popen(command, stdout=subprocess.PIPE) as process:
+      while chunk := process.stdout.read1(65536):
+        sys.stdout.buffer.write(chunk)
+        sys.stdout.flush()
+        received += len(chunk)
+    return received
 
 
-def train_once(args, gcloud: Gcloud, tarball: str) -> int:
-  gcloud(create_command(args))
-  for command in copy_commands(args, tarball):
-    gcloud(command)
-  return gcloud(run_command(args), check=False)
+class Detached(Exception):
+  """This launcher stops following; the run goes on on the VM."""
+
+
+def follow(args, gcloud: Gcloud) -> int:
+  """Streams worker 0's log and polls every worker until all have finished;
+  returns their combined exit status (see `exit_status`). A failed stream or
+  poll is retried; one on a preempted VM returns LOST."""
+  offset, failures = 0, 0
+  while True:
+    offset += gcloud.stream(log_command(args, offset))
+    output = gcloud.output(status_command(args))
+    if gcloud.dry_run:
+      return 0
+    if output is None:
+      failures += 1
+      state = gcloud.state(state_command(args))
+      if state in PREEMPTED_STATES:
+        return LOST
+      if failures >= args.max_poll_failures:
+        raise Detached(f'{failures} polls of {args.name} failed in a row (VM '
+                       f'state {state or "unknown"})')
+    else:
+      failures = 0
+      code = exit_status(output)
+      if code is not None:
+        return code
+    time.sleep(args.poll_seconds)
+
+
+def train_once(args, gcloud: Gcloud, tarball: str, attach: bool = False
+               ) -> int:
+  if not attach:
+    if not (args.dry_run or args.no_copy or os.path.exists(tarball)):
+      write_tarball(tarball)
+    gcloud(create_command(args))
+    for command in copy_commands(args, tarball):
+      gcloud(command)
+    gcloud(start_command(args))
+  return follow(args, gcloud)
 
 
 def main(argv=None) -> int:
   args = parse_args(sys.argv[1:] if argv is None else argv)
   gcloud = Gcloud(args.dry_run)
   tarball = os.path.join(tempfile.gettempdir(), f'jaxformer-{args.name}.tar.gz')
-  if not (args.dry_run or args.no_copy):
-    write_tarball(tarball)
-  code, restarts = 1, 0
+  code, restarts, detached = 1, 0, False
   try:
-    code = train_once(args, gcloud, tarball)
+    code = train_once(args, gcloud, tarball, attach=args.attach)
     while code and args.restart_on_preemption and restarts < args.max_restarts:
       state = gcloud.state(state_command(args))
       if state not in PREEMPTED_STATES:
@@ -191,10 +330,16 @@ def main(argv=None) -> int:
             f'{args.max_restarts}).', flush=True)
       gcloud(delete_command(args))
       code = train_once(args, gcloud, tarball)
+  except (Detached, KeyboardInterrupt) as e:
+    detached, code = True, 130 if isinstance(e, KeyboardInterrupt) else 1
+    print(f'tpu_vm.py: {e or "interrupted"}: stopped following; the run goes '
+          f'on on {args.name} (log: {LOG} on each worker). Follow it again '
+          'with the same command and --attach; stop it with `'
+          f'{shlex.join(delete_command(args))}`.', file=sys.stderr)
   finally:
-    if not args.keep:
+    if not (args.keep or detached):
       gcloud(delete_command(args), check=False)
-  if code:
+  if code and not detached:
     print(f'tpu_vm.py: the command ended with status {code} on at least one '
           'worker.', file=sys.stderr)
   return code

@@ -1,5 +1,7 @@
-"""The launchers in launch/, run against fake `gcloud`, `sbatch`, `srun`,
-`scontrol` and `jaxformer` programs that record how they were called."""
+"""The launchers in launch/, run against fake `gcloud`, `kubectl`, `sbatch`,
+`srun`, `scontrol` and `jaxformer` programs that record how they were
+called (the fake gcloud runs ssh commands here, one $HOME per worker)."""
+import importlib.metadata
 import json
 import os
 import pathlib
@@ -10,6 +12,10 @@ import tarfile
 import textwrap
 
 import pytest
+import yaml
+
+from jaxformer import config as config_lib
+from jaxformer import parallel
 
 REPO = pathlib.Path(__file__).resolve().parents[1]
 LAUNCH = REPO / 'launch'
@@ -29,7 +35,13 @@ FAKE = textwrap.dedent('''\
     {behaviour}
     ''')
 
+# ssh runs the command here, once per worker with its own $HOME under
+# $FAKE_WORKERS_DIR, in a session of its own that is hung up (SIGHUP, then
+# SIGKILL to its process group) when the command ends or the connection
+# "drops" ($FAKE_SCRIPT's '<kind>_drop_after' seconds); '<kind>_codes' make
+# a call fail before it reaches the workers. pip installs are only recorded.
 GCLOUD = '''
+import signal, subprocess
 def take(key, default):
   path = os.environ['FAKE_SCRIPT']
   script = json.load(open(path))
@@ -40,8 +52,41 @@ def take(key, default):
 verb = sys.argv[4]
 if verb == 'describe':
   print(take('states', 'READY'))
-elif verb == 'ssh' and 'jaxformer train' in sys.argv[-2]:
-  sys.exit(take('run_codes', 0))
+elif verb == 'ssh':
+  command = next(a for a in sys.argv if a.startswith('--command='))[10:]
+  if 'pip install' in command:
+    sys.exit(0)
+  kind = ('tail' if command.startswith('tail') else
+          'status' if 'jaxformer-status' in command else 'start')
+  code = take(kind + '_codes', 0)
+  if code:
+    sys.exit(code)
+  seconds = take(kind + '_drop_after', None)
+  worker = next(a for a in sys.argv if a.startswith('--worker='))[9:]
+  workers = range(int(os.environ['FAKE_WORKERS'])) if worker == 'all' else [
+      int(worker)]
+  for index in workers:
+    home = os.path.join(os.environ['FAKE_WORKERS_DIR'], f'worker{index}')
+    os.makedirs(os.path.join(home, 'jaxformer'), exist_ok=True)
+    session = subprocess.Popen(['bash', '-c', command], start_new_session=True,
+                               env=dict(os.environ, HOME=home,
+                                        JAX_PROCESS_ID=str(index)))
+    try:
+      code = session.wait(timeout=seconds)
+    except subprocess.TimeoutExpired:
+      code = 255
+    for hang_up in (signal.SIGHUP, signal.SIGKILL):
+      try:
+        os.killpg(session.pid, hang_up)
+      except ProcessLookupError:
+        pass
+    session.wait()
+  sys.exit(code)
+'''
+
+KUBECTL = '''
+with open(os.environ['FAKE_LOG'] + '.stdin', 'w') as manifest:
+  manifest.write(sys.stdin.read())
 '''
 
 SCONTROL = '''
@@ -63,9 +108,13 @@ for task in range(int(options['ntasks'])):
 '''
 
 JAXFORMER = '''
+import time
 # One write per line: under PYTHONUNBUFFERED, print() writes each piece
 # separately and the concurrent processes' pieces would interleave.
 sys.stdout.write(f"hello from {os.environ['JAX_PROCESS_ID']}\\n")
+sys.stdout.flush()
+time.sleep(float(os.environ.get('FAKE_TRAIN_SECONDS', 0)))
+sys.stdout.write(f"done {os.environ['JAX_PROCESS_ID']}\\n")
 sys.stdout.flush()
 sys.exit(int(os.environ.get('FAKE_FAIL_' + os.environ['JAX_PROCESS_ID'], 0)))
 '''
@@ -77,7 +126,8 @@ def fakes(tmp_path):
   bin_dir = tmp_path / 'bin'
   bin_dir.mkdir()
   behaviours = {'gcloud': GCLOUD, 'sbatch': '', 'srun': SRUN,
-                'scontrol': SCONTROL, 'jaxformer': JAXFORMER}
+                'scontrol': SCONTROL, 'jaxformer': JAXFORMER,
+                'kubectl': KUBECTL}
   for name, behaviour in behaviours.items():
     path = bin_dir / name
     path.write_text(FAKE.format(python=sys.executable,
@@ -88,7 +138,8 @@ def fakes(tmp_path):
   env = {k: v for k, v in os.environ.items()
          if not k.startswith(('SLURM_', 'JAX_', 'XLA_FLAGS'))}
   env.update(PATH=f'{bin_dir}{os.pathsep}{env["PATH"]}', FAKE_LOG=str(log),
-             FAKE_SCRIPT=str(script), TMPDIR=str(tmp_path))
+             FAKE_SCRIPT=str(script), TMPDIR=str(tmp_path), FAKE_WORKERS='2',
+             FAKE_WORKERS_DIR=str(tmp_path / 'workers'))
 
   def calls():
     if not log.exists():
@@ -116,10 +167,32 @@ def gcloud_verbs(calls):
   return [c['argv'][4] for c in calls() if c['argv'][0] == 'gcloud']
 
 
-def test_tpu_vm_creates_installs_runs_on_all_workers_and_deletes(fakes):
+def ssh_kinds(calls):
+  """What each gcloud ssh call did: install, start, tail or status."""
+  kinds = []
+  for call in calls():
+    if call['argv'][:5] == ['gcloud', 'compute', 'tpus', 'tpu-vm', 'ssh']:
+      command = call['argv'][7]
+      kinds.append('install' if 'pip install' in command else
+                   'tail' if command.startswith('--command=tail') else
+                   'status' if 'jaxformer-status' in command else 'start')
+  return kinds
+
+
+def worker_files(env, name):
+  workers = pathlib.Path(env['FAKE_WORKERS_DIR'])
+  return [(workers / f'worker{i}' / 'jaxformer-run' / name).read_text()
+          for i in range(int(env['FAKE_WORKERS']))]
+
+
+FOLLOW = ['--poll-seconds', '0.1']
+
+
+def test_tpu_vm_creates_installs_starts_detached_follows_and_deletes(fakes):
   env, calls, _ = fakes
-  run([*TPU, '--', *TRAIN], env)
-  create, scp, install, train, delete = [c['argv'] for c in calls()]
+  result = run([*TPU, *FOLLOW, '--', *TRAIN], dict(env, FAKE_TRAIN_SECONDS='1'))
+  create, scp, install, start, *follow, delete = [c['argv'] for c in calls()
+                                                  if c['argv'][0] == 'gcloud']
   assert create == ['gcloud', 'compute', 'tpus', 'tpu-vm', 'create', 'tpu1',
                     '--accelerator-type=v4-16',
                     '--version=tpu-ubuntu2204-base', '--spot',
@@ -129,10 +202,58 @@ def test_tpu_vm_creates_installs_runs_on_all_workers_and_deletes(fakes):
     assert {'pyproject.toml', 'jaxformer/parallel.py',
             'configs/quickstart.py'} <= set(tar.getnames())
   assert '--worker=all' in scp and '--worker=all' in install
-  assert 'pip install' in install[-2] and "'jax[tpu]'" in install[-2]
-  assert train[4:7] == ['ssh', 'tpu1', '--worker=all']
-  assert train[7].endswith('cd ~/jaxformer && ' + shlex.join(TRAIN))
+  # The workers get the jax (and through jax[tpu], the libtpu) tested here.
+  pinned = f"'jax[tpu]=={importlib.metadata.version('jax')}'"
+  assert 'pip install' in install[-2] and pinned in install[-2]
+  assert ' -U ' not in install[-2]
+  assert start[4:7] == ['ssh', 'tpu1', '--worker=all']
+  assert 'nohup setsid bash -c' in start[7]
+  assert 'cd ~/jaxformer && ' + shlex.join(TRAIN) in shlex.split(
+      start[7].split('bash -c ', 1)[1])[0]
+  assert {tuple(c[4:7]) for c in follow} == {
+      ('ssh', 'tpu1', '--worker=0'), ('ssh', 'tpu1', '--worker=all')}
   assert delete[4:7] == ['delete', 'tpu1', '--quiet']
+  # Worker 0's log came through once; every worker ran the command.
+  assert result.stdout.count('hello from 0\n') == 1
+  assert result.stdout.count('done 0\n') == 1
+  assert worker_files(env, 'train.log') == [f'hello from {i}\ndone {i}\n'
+                                            for i in range(2)]
+  assert worker_files(env, 'exit_code') == ['0\n', '0\n']
+
+
+def test_tpu_vm_training_outlives_dropped_connections(fakes):
+  env, calls, script = fakes
+  # The log stream drops mid-run and the next poll cannot reach the VM.
+  script.write_text(json.dumps({'tail_drop_after': [0.5],
+                                'status_codes': [255]}))
+  result = run([*TPU, *FOLLOW, '--', *TRAIN], dict(env, FAKE_TRAIN_SECONDS='2'))
+  kinds = ssh_kinds(calls)
+  assert kinds[:4] == ['install', 'start', 'tail', 'status']
+  assert kinds.count('tail') >= 2
+  assert 'describe' in gcloud_verbs(calls)  # The failed poll: preempted?
+  # Training went on; the log resumed where the dropped stream stopped.
+  assert result.stdout.count('hello from 0\n') == 1
+  assert result.stdout.count('done 0\n') == 1
+  assert worker_files(env, 'exit_code') == ['0\n', '0\n']
+
+
+def test_tpu_vm_can_stop_following_and_attach_again(fakes):
+  env, calls, script = fakes
+  env = dict(env, FAKE_TRAIN_SECONDS='2')
+  script.write_text(json.dumps({'status_codes': [255, 255]}))
+  left = run([*TPU, *FOLLOW, '--max-poll-failures', '2', '--', *TRAIN], env,
+             check=False)
+  assert left.returncode == 1
+  assert '--attach' in left.stderr and 'goes on' in left.stderr
+  assert 'delete' not in gcloud_verbs(calls)
+  before = len(calls())
+  attached = run([*TPU, *FOLLOW, '--attach', '--', *TRAIN], env)
+  verbs = [c['argv'][4] for c in calls()[before:]]
+  assert 'create' not in verbs and 'scp' not in verbs
+  assert ssh_kinds(lambda: calls()[before:])[0] == 'tail'
+  assert verbs[-1] == 'delete'
+  assert 'hello from 0\ndone 0\n' in attached.stdout
+  assert worker_files(env, 'exit_code') == ['0\n', '0\n']
 
 
 def test_tpu_vm_dry_run_prints_the_commands_and_runs_none(fakes):
@@ -141,30 +262,31 @@ def test_tpu_vm_dry_run_prints_the_commands_and_runs_none(fakes):
   printed = [line[2:] for line in result.stdout.splitlines()
              if line.startswith('+ ')]
   assert [shlex.split(line)[4] for line in printed] == [
-      'create', 'scp', 'ssh', 'ssh', 'delete']
+      'create', 'scp', 'ssh', 'ssh', 'ssh', 'ssh', 'delete']
   assert shlex.join(TRAIN) in printed[3]
   assert calls() == []
 
 
 def test_tpu_vm_recreates_and_resumes_after_a_preemption(fakes):
   env, calls, script = fakes
-  script.write_text(json.dumps({'run_codes': [255, 0],
-                                'states': ['PREEMPTED']}))
-  result = run([*TPU, '--restart-on-preemption', '--', *TRAIN], env)
+  # The VM vanishes under the first run: polls fail, its state is PREEMPTED.
+  script.write_text(json.dumps({'status_codes': [255],
+                                'states': ['PREEMPTED', 'PREEMPTED']}))
+  result = run([*TPU, *FOLLOW, '--restart-on-preemption', '--', *TRAIN], env)
   assert gcloud_verbs(calls) == [
-      'create', 'scp', 'ssh', 'ssh', 'describe', 'delete',
-      'create', 'scp', 'ssh', 'ssh', 'delete']
+      'create', 'scp', 'ssh', 'ssh', 'ssh', 'ssh', 'describe', 'describe',
+      'delete', 'create', 'scp', 'ssh', 'ssh', 'ssh', 'ssh', 'delete']
   assert 'preempted' in result.stdout
 
 
 def test_tpu_vm_reports_a_failure_that_is_not_a_preemption(fakes):
-  env, calls, script = fakes
-  script.write_text(json.dumps({'run_codes': [3], 'states': ['READY']}))
-  result = run([*TPU, '--restart-on-preemption', '--', *TRAIN], env,
-               check=False)
+  env, calls, _ = fakes
+  result = run([*TPU, *FOLLOW, '--restart-on-preemption', '--', *TRAIN],
+               dict(env, FAKE_FAIL_1='3'), check=False)
   assert result.returncode == 3
-  assert gcloud_verbs(calls) == ['create', 'scp', 'ssh', 'ssh', 'describe',
-                                 'delete']
+  assert worker_files(env, 'exit_code') == ['0\n', '3\n']
+  assert gcloud_verbs(calls) == ['create', 'scp', 'ssh', 'ssh', 'ssh', 'ssh',
+                                 'describe', 'delete']
 
 
 def test_tpu_vm_restarts_need_a_bucket_workdir(fakes):
@@ -175,6 +297,82 @@ def test_tpu_vm_restarts_need_a_bucket_workdir(fakes):
   assert result.returncode == 2
   assert 'gs://' in result.stderr and "'runs/local'" in result.stderr
   assert calls() == []
+
+
+# ---------------------------------------------------------------- GKE JobSet
+
+GKE = [sys.executable, LAUNCH / 'gke_jobset.py', '--name', 'run', '--image',
+       'jaxformer:test']
+
+
+def jobset(text):
+  """The pod count and pod spec of a JobSet manifest (YAML or JSON)."""
+  document = yaml.safe_load(text)
+  assert (document['apiVersion'], document['kind']) == (
+      'jobset.x-k8s.io/v1alpha2', 'JobSet')
+  (workers,) = document['spec']['replicatedJobs']
+  job = workers['template']['spec']
+  assert job['parallelism'] == job['completions']
+  assert job['completionMode'] == 'Indexed'
+  return job['parallelism'], job['template']['spec']
+
+
+@pytest.mark.parametrize('accelerator_type, topology_name', [
+    ('v5litepod-16', 'v5e-16'), ('v5p-64', 'v5p-64'), ('v4-16', 'v4-16')])
+def test_gke_tpu_jobset_has_one_pod_per_host_of_the_slice(
+    fakes, accelerator_type, topology_name):
+  pytest.importorskip('libtpu')
+  from jaxformer import aot
+  env, calls, _ = fakes
+  result = run([*GKE, '--accelerator-type', accelerator_type, '--spot',
+                '--dry-run', '--', *TRAIN], env)
+  pods, spec = jobset(result.stdout)
+  # The slice as libtpu lays it out: its hosts, chips and shape.
+  topology = aot.topology(topology_name)
+  devices = aot.topology_devices(topology)
+  assert pods == len({d.process_index for d in devices})
+  (container,) = spec['containers']
+  chips = container['resources']['limits']['google.com/tpu']
+  assert container['resources']['requests']['google.com/tpu'] == chips
+  assert pods * chips == topology.chips == len(devices)
+  assert spec['nodeSelector'] == {
+      'cloud.google.com/gke-tpu-accelerator': {
+          'v5e': 'tpu-v5-lite-podslice', 'v5p': 'tpu-v5p-slice',
+          'v4': 'tpu-v4-podslice'}[topology.chip.kind],
+      'cloud.google.com/gke-tpu-topology': topology.grid,
+      'cloud.google.com/gke-spot': 'true'}
+  assert container['command'] == TRAIN and container['image'] == 'jaxformer:test'
+  assert calls() == []
+
+
+def test_gke_gpu_pods_find_their_coordinator_and_ids(fakes):
+  env, calls, _ = fakes
+  result = run([*GKE, '--gpu-type', 'nvidia-h100-80gb', '--nodes', '2',
+                '--gpus-per-node', '8', '--output', 'json', '--', *TRAIN], env)
+  (call,) = calls()
+  assert call['argv'] == ['kubectl', 'apply', '-f', '-']
+  applied = pathlib.Path(env['FAKE_LOG'] + '.stdin').read_text()
+  assert '+ kubectl apply -f -' in result.stdout
+  pods, spec = jobset(applied)
+  (container,) = spec['containers']
+  assert pods == 2 and container['resources']['limits'] == {
+      'nvidia.com/gpu': 8}
+  # Pod 1 as Kubernetes starts it: the manifest's variables and its index.
+  pod_env = {e['name']: e['value'] for e in container['env']}
+  pod_env.update(KUBERNETES_SERVICE_HOST='10.0.0.1', JOB_COMPLETION_INDEX='1')
+  arguments = parallel.distributed_arguments(
+      config_lib.default_config().distributed, pod_env)
+  assert (arguments['coordinator_address'], arguments['num_processes'],
+          arguments['process_id']) == ('run-workers-0-0.run:1234', 2, 1)
+
+
+def test_gke_rejects_an_unknown_slice_in_one_line(fakes):
+  env, calls, _ = fakes
+  result = run([*GKE, '--accelerator-type', 'v5litepod-12', '--', *TRAIN], env,
+               check=False)
+  assert result.returncode == 2
+  assert 'no v5e slice of 12 chips' in result.stderr
+  assert 'v5e-16' in result.stderr and calls() == []
 
 
 # -------------------------------------------------------------------- SLURM

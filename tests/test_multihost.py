@@ -106,6 +106,83 @@ def test_a_process_id_outside_the_count_is_an_error():
         coordinator_address='127.0.0.1:1', num_processes=2, process_id=2), {})
 
 
+# Open MPI 4's mpirun: ranks of one job, coordinator from the ORTE URI.
+MPIRUN = {'OMPI_MCA_orte_hnp_uri': '1531576320.0;tcp://10.96.0.1:34911',
+          'OMPI_COMM_WORLD_SIZE': '4', 'OMPI_COMM_WORLD_RANK': '2',
+          'OMPI_COMM_WORLD_LOCAL_RANK': '0'}
+
+
+def jax_detection(monkeypatch, environ):
+  """What JAX's own cluster detection (the installed jax) finds in
+  `environ`: (coordinator, process count, process id, local devices)."""
+  from jax._src import clusters
+  for name in list(os.environ):
+    if name.startswith(('OMPI_', 'SLURM_', 'TPU_', 'JOB_COMPLETION',
+                        'KUBERNETES_', 'JAX_')):
+      monkeypatch.delenv(name)
+  for name, value in environ.items():
+    monkeypatch.setenv(name, value)
+  return clusters.ClusterEnv.auto_detect_unset_distributed_params(
+      None, None, None, None, None, 10)
+
+
+def test_mpirun_ranks_join_one_runtime_found_by_jax(monkeypatch):
+  arguments = parallel.distributed_arguments(distributed_settings(), MPIRUN)
+  assert (arguments['coordinator_address'], arguments['num_processes'],
+          arguments['process_id']) == (None, None, None)
+  # JAX fills them in from the same variables: rank 2 of 4.
+  address, count, rank, _ = jax_detection(monkeypatch, MPIRUN)
+  assert (address.split(':')[0], count, rank) == ('10.96.0.1', 4, 2)
+
+
+def test_open_mpi_5_ranks_take_count_and_rank_and_need_the_coordinator(
+    monkeypatch):
+  ranks = {k: v for k, v in MPIRUN.items() if k != 'OMPI_MCA_orte_hnp_uri'}
+  assert jax_detection(monkeypatch, ranks)[:3] == (None, None, None)
+  with pytest.raises(ValueError, match='missing: coordinator_address .*rank 2 '
+                     'of an Open MPI job.*mpirun -x JAX_COORDINATOR_ADDRESS'):
+    parallel.distributed_arguments(distributed_settings(), ranks)
+  arguments = parallel.distributed_arguments(
+      distributed_settings(), dict(ranks, JAX_COORDINATOR_ADDRESS='n1:1234'))
+  assert (arguments['coordinator_address'], arguments['num_processes'],
+          arguments['process_id']) == ('n1:1234', 4, 2)
+
+
+def test_mpirun_of_one_rank_is_one_process():
+  one = dict(MPIRUN, OMPI_COMM_WORLD_SIZE='1', OMPI_COMM_WORLD_RANK='0')
+  assert parallel.distributed_arguments(distributed_settings(), one) is None
+
+
+def test_kubernetes_indexed_job_pods_join_one_runtime():
+  pod = {'KUBERNETES_SERVICE_HOST': '10.0.0.1', 'JOB_COMPLETION_INDEX': '3'}
+  # With the kubernetes client JAX reads the Job (count, coordinator) itself.
+  arguments = parallel.distributed_arguments(distributed_settings(), pod,
+                                             k8s_client=True)
+  assert (arguments['coordinator_address'], arguments['num_processes'],
+          arguments['process_id']) == (None, None, None)
+  # Without it, the index is the process id; the spec gives the rest.
+  spec = dict(pod, JAX_NUM_PROCESSES='4',
+              JAX_COORDINATOR_ADDRESS='run-workers-0-0.run:1234')
+  arguments = parallel.distributed_arguments(distributed_settings(), spec)
+  assert (arguments['coordinator_address'], arguments['num_processes'],
+          arguments['process_id']) == ('run-workers-0-0.run:1234', 4, 3)
+  # An Indexed Job pod that says nothing more is not a run of its own.
+  with pytest.raises(ValueError, match='pod 3 of a Kubernetes Indexed Job.*'
+                     'JAX_NUM_PROCESSES.*num_processes=1'):
+    parallel.distributed_arguments(distributed_settings(), pod)
+
+
+def test_gke_tpu_pods_are_left_to_jax_on_a_tpu_and_built_elsewhere():
+  pod = {'TPU_WORKER_ID': '1',
+         'TPU_WORKER_HOSTNAMES': 'h-0.s,h-1.s,h-2.s,h-3.s'}
+  on_tpu = parallel.distributed_arguments(distributed_settings(), pod,
+                                          on_cloud_tpu=True)
+  assert on_tpu['num_processes'] is None and on_tpu['process_id'] is None
+  arguments = parallel.distributed_arguments(distributed_settings(), pod)
+  assert (arguments['coordinator_address'], arguments['num_processes'],
+          arguments['process_id']) == ('h-0.s:8482', 4, 1)
+
+
 # ------------------------------------------------------ end-to-end training
 
 
