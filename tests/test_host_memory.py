@@ -41,10 +41,10 @@ SKIPPED_HERE = host_memory.why_skipped(environ={})
 def test_xla_temporaries_are_reused_instead_of_faulted_in_at_every_call():
   kept = faults_per_call()
   system = faults_per_call(JAXFORMER_SYSTEM_MALLOC='1')
-  # Measured here: 0.4 faults per call against 24,749 (97 MB) with the
-  # system's settings.
+  # Measured here: 0.4 faults per call against 1,259 to 24,749 with the
+  # system's settings (glibc's mmap threshold adapts, so that figure varies).
   assert kept < 100
-  assert system > 2_000
+  assert system > 10 * max(kept, 20)
 
 
 def test_what_the_user_set_is_left_alone(tmp_path):
