@@ -163,6 +163,9 @@ class Trainer:
     parallel.check_process_rows(self.mesh)
     data_tasks.check_batch_shapes(self.config, parallel.row_shards(self.mesh),
                                   jax.process_count())
+    self.checkpoints.use_data_order(
+        data_tasks.data_order(self.config, parallel.row_shards(self.mesh)),
+        self.config.data.allow_new_data_order)
     self._set_num_steps(self.config.train.num_steps)
     self.example_batch = self.task.example_batch(self.config)
     self.token_cache = token_cache_lib.directory(self.config.data, workdir)
