@@ -195,20 +195,24 @@ def status_command(args) -> list[str]:
             f'echo "{STATUS_TAG} running"; else echo "{STATUS_TAG} lost"; fi')
 
 
-def exit_status(output: str) -> int | None:
-  """The workers' combined exit status from status_command's output: None
-  while one runs (or when no worker answered), LOST when one vanished,
-  else the largest exit status."""
-  codes = []
+def worker_states(output: str) -> list[str]:
+  """'running', 'exited N' or 'lost' per worker, from status_command's
+  output (gcloud may prefix the workers' lines)."""
+  states = []
   for line in output.splitlines():
-    words = line.split()
-    if words[:1] != [STATUS_TAG] or len(words) < 2:
-      continue
-    if words[1] == 'running':
-      return None
-    codes.append(int(words[2]) if words[1] == 'exited' and len(words) > 2
-                 and words[2].isdigit() else LOST)
-  return max(codes) if codes else None
+    if STATUS_TAG in line:
+      states.append(' '.join(line.split(STATUS_TAG, 1)[1].split()))
+  return states
+
+
+def exit_status(states: list[str]) -> int | None:
+  """The workers' combined exit status: None while one runs, LOST when one
+  vanished without an exit status, else the largest."""
+  if 'running' in states:
+    return None
+  codes = [int(state.split()[1]) if state.startswith('exited ') and
+           state.split()[1].isdigit() else LOST for state in states]
+  return max(codes)
 
 
 def state_command(args) -> list[str]:
@@ -285,7 +289,8 @@ def follow(args, gcloud: Gcloud) -> int:
     output = gcloud.output(status_command(args))
     if gcloud.dry_run:
       return 0
-    if output is None:
+    states = worker_states(output or '')
+    if not states:  # The VM did not answer.
       failures += 1
       state = gcloud.state(state_command(args))
       if state in PREEMPTED_STATES:
@@ -295,7 +300,7 @@ def follow(args, gcloud: Gcloud) -> int:
                        f'state {state or "unknown"})')
     else:
       failures = 0
-      code = exit_status(output)
+      code = exit_status(states)
       if code is not None:
         return code
     time.sleep(args.poll_seconds)

@@ -2,6 +2,7 @@
 `srun`, `scontrol` and `jaxformer` programs that record how they were
 called (the fake gcloud runs ssh commands here, one $HOME per worker)."""
 import importlib.metadata
+import importlib.util
 import json
 import os
 import pathlib
@@ -254,6 +255,19 @@ def test_tpu_vm_can_stop_following_and_attach_again(fakes):
   assert verbs[-1] == 'delete'
   assert 'hello from 0\ndone 0\n' in attached.stdout
   assert worker_files(env, 'exit_code') == ['0\n', '0\n']
+
+
+def test_tpu_vm_combines_the_workers_states():
+  spec = importlib.util.spec_from_file_location('tpu_vm', LAUNCH / 'tpu_vm.py')
+  tpu_vm = importlib.util.module_from_spec(spec)
+  spec.loader.exec_module(tpu_vm)
+  output = ('Using ssh batch size of 1.\n[worker 0] jaxformer-status exited 0\n'
+            'jaxformer-status  running\n')
+  assert tpu_vm.worker_states(output) == ['exited 0', 'running']
+  assert tpu_vm.exit_status(['exited 0', 'running']) is None
+  assert tpu_vm.exit_status(['exited 0', 'exited 3']) == 3
+  assert tpu_vm.exit_status(['exited 0', 'lost']) == tpu_vm.LOST == 255
+  assert tpu_vm.worker_states('ssh: connect to host: timed out') == []
 
 
 def test_tpu_vm_dry_run_prints_the_commands_and_runs_none(fakes):
