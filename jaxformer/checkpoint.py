@@ -32,6 +32,7 @@ from jaxformer import paths
 # Keys that may change when a run resumes; everything else must match.
 RESUMABLE_CHANGES = ('train.', 'eval.', 'checkpoint.', 'decode.',
                      'distributed.', 'mesh.', 'data.tokenizer.wait_seconds',
+                     'data.allow_new_data_order',
                      'data.tsv.', 'data.files.', 'data.tfds.data_dir',
                      'seed')
 
@@ -321,16 +322,19 @@ class Checkpointer:
       multihost_utils.sync_global_devices('jaxformer_moved_damaged_steps')
     self.manager.reload()
 
+  def _newest_extra(self) -> dict | None:
+    """The `extra` of the newest step whose `extra` reads, if any."""
+    for step in reversed(self.all_steps()):
+      try:
+        return self.restore_extra(step)
+      except Exception:  # A damaged step: restore_latest reports it.
+        continue
+    return None
+
   def check_compatible(self, config: ml_collections.ConfigDict) -> None:
     """Raises if the newest readable checkpoint was made with a config whose
     model or data differ from `config`."""
-    saved = None
-    for step in reversed(self.all_steps()):
-      try:
-        saved = self.restore_extra(step)['config']
-        break
-      except Exception:  # A damaged step: restore_latest reports it.
-        continue
+    saved = (self._newest_extra() or {}).get('config')
     if saved is None:
       return
     current = json.loads(config.to_json_best_effort())
@@ -344,6 +348,31 @@ class Checkpointer:
           '(train.*, eval.*, checkpoint.* and decode.* may change on resume, '
           'except train.prng_impl and switching train.grad_clip_norm or '
           'train.weight_decay between 0 and non-zero).')
+
+  def use_data_order(self, order: dict, allow_change: bool) -> None:
+    """Saves `order` (what the order of training examples depends on, see
+    data.tasks.data_order) with every later step. If the newest checkpoint
+    was made in another order, raises, or with `allow_change` says so and
+    goes on."""
+    self.extra['data_order'] = order
+    saved = (self._newest_extra() or {}).get('data_order')
+    if not (saved and saved['batching'] == order['batching'] == 'bucket'
+            and saved['row_multiple'] != order['row_multiple']):
+      return  # A change of batching is a config change: check_compatible.
+    def layout(o):
+      return (f"multiples of {o['row_multiple']} rows ({o['row_shards']} row "
+              f"shards (mesh.data x mesh.fsdp) x {o['grad_accum_steps']} "
+              'train.grad_accum_steps)')
+    change = (f"The checkpoints in {self.directory} were made with 'bucket' "
+              f'batches of {layout(saved)}, this run makes {layout(order)}, '
+              'which changes the examples of every later batch')
+    if not allow_change:
+      raise CheckpointError(
+          f'{change}. Resume with the saved mesh and grad_accum_steps (or '
+          'any with the same product), or pass '
+          '--config.data.allow_new_data_order=true to go on in the new order.')
+    print(f'WARNING: {change}; going on in the new order '
+          '(data.allow_new_data_order=true).', file=sys.stderr, flush=True)
 
   def close(self) -> None:
     """Waits for pending writes, and for the clean-up of unfinished steps

@@ -26,6 +26,9 @@ class HostPlan:
     every global training batch and of this process's part of it.
   reads: for each training shape, the (first row, row count) ranges of the
     global batch that this process reads.
+  data_order: what the order of training examples depends on besides the
+    data (`data.tasks.data_order`), saved with checkpoints and compared on
+    resume.
   state_bytes: bytes of the train state on this process's devices (each
     distinct shard once), which it restores from a checkpoint.
   """
@@ -37,6 +40,7 @@ class HostPlan:
   eval_rows: int
   local_eval_rows: int
   reads: tuple[tuple[tuple[int, int], ...], ...]
+  data_order: dict
   state_bytes: int | None = None
 
   def summary(self) -> dict:
@@ -88,6 +92,7 @@ def plan_host(config: ml_collections.ConfigDict, mesh: jax.sharding.Mesh,
                                for rows, source, target in shapes),
       eval_rows=eval_rows, local_eval_rows=share.local_rows(eval_rows),
       reads=tuple(tuple(share.row_ranges(rows)) for rows, _, _ in shapes),
+      data_order=data_tasks.data_order(config, share.num_shards),
       state_bytes=held)
 
 

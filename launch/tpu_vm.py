@@ -36,8 +36,12 @@ REMOTE_TARBALL = 'jaxformer.tar.gz'
 # The command's log, process id and exit status on each worker.
 RUN_DIR = '$HOME/jaxformer-run'
 LOG, PID, EXIT = f'{RUN_DIR}/train.log', f'{RUN_DIR}/pid', f'{RUN_DIR}/exit_code'
+# Written when the worker was sent SIGTERM (a preemption's shutdown): then
+# training saves and exits 0, which is not the end of the run.
+TERMINATED = f'{RUN_DIR}/terminated'
 STATUS_TAG = 'jaxformer-status'
 LOST = 255  # A worker whose command vanished without an exit status.
+STOPPED = 143  # A worker that exited 0 after a SIGTERM.
 # The jax the test suite last passed with; `jax[tpu]==` pins jaxlib and
 # libtpu to the versions jax was released with.
 TESTED_JAX = '0.10.2'
@@ -167,13 +171,15 @@ def start_command(args) -> list[str]:
   setsid: an ssh hang-up does not reach it) and returns once it runs there
   (it writes its PID); its exit status goes to EXIT when it ends."""
   # pip installs scripts to ~/.local/bin, which ssh commands lack on PATH.
-  job = f'echo $$ > {PID}; export PATH="$HOME/.local/bin:$PATH"; '
+  job = (f'echo $$ > {PID}; trap "touch {TERMINATED}" TERM; '
+         'export PATH="$HOME/.local/bin:$PATH"; ')
   if not args.no_copy:
     job += f'cd {REMOTE_DIR} && '
   job += (f'{shlex.join(args.command)}; echo $? > {EXIT}.tmp && '
           f'mv {EXIT}.tmp {EXIT}')
   return on_all_workers(
-      args, f'mkdir -p {RUN_DIR} && rm -f {EXIT} {PID} && {{ nohup setsid '
+      args, f'mkdir -p {RUN_DIR} && rm -f {EXIT} {PID} {TERMINATED} && '
+            f'{{ nohup setsid '
             f'bash -c {shlex.quote(job)} > {LOG} 2>&1 < /dev/null & }} && '
             f'for i in $(seq 300); do [ -s {PID} ] && break; sleep 0.1; done '
             f'&& [ -s {PID} ]')
@@ -190,25 +196,35 @@ def status_command(args) -> list[str]:
   """Prints one STATUS_TAG line per worker: running, exited N, or lost (no
   process and no exit status)."""
   return on_all_workers(
-      args, f'if [ -f {EXIT} ]; then echo "{STATUS_TAG} exited $(cat {EXIT})"; '
+      args, f'if [ -f {EXIT} ]; then echo "{STATUS_TAG} exited $(cat {EXIT})'
+            f'$([ -f {TERMINATED} ] && echo " terminated")"; '
             f'elif kill -0 "$(cat {PID})" 2>/dev/null; then '
             f'echo "{STATUS_TAG} running"; else echo "{STATUS_TAG} lost"; fi')
 
 
-def exit_status(output: str) -> int | None:
-  """The workers' combined exit status from status_command's output: None
-  while one runs (or when no worker answered), LOST when one vanished,
-  else the largest exit status."""
-  codes = []
+def worker_states(output: str) -> list[str]:
+  """'running', 'exited N' or 'lost' per worker, from status_command's
+  output (gcloud may prefix the workers' lines)."""
+  states = []
   for line in output.splitlines():
-    words = line.split()
-    if words[:1] != [STATUS_TAG] or len(words) < 2:
-      continue
-    if words[1] == 'running':
-      return None
-    codes.append(int(words[2]) if words[1] == 'exited' and len(words) > 2
-                 and words[2].isdigit() else LOST)
-  return max(codes) if codes else None
+    if STATUS_TAG in line:
+      states.append(' '.join(line.split(STATUS_TAG, 1)[1].split()))
+  return states
+
+
+def exit_status(states: list[str]) -> int | None:
+  """The workers' combined exit status: None while one runs, LOST when one
+  vanished without an exit status, STOPPED for a 0 after a SIGTERM, else
+  the largest."""
+  if 'running' in states:
+    return None
+  codes = []
+  for state in states:
+    words = state.split()
+    code = int(words[1]) if words[0] == 'exited' and words[1:2] and words[
+        1].isdigit() else LOST
+    codes.append(STOPPED if code == 0 and 'terminated' in words else code)
+  return max(codes)
 
 
 def state_command(args) -> list[str]:
@@ -285,7 +301,8 @@ def follow(args, gcloud: Gcloud) -> int:
     output = gcloud.output(status_command(args))
     if gcloud.dry_run:
       return 0
-    if output is None:
+    states = worker_states(output or '')
+    if not states:  # The VM did not answer.
       failures += 1
       state = gcloud.state(state_command(args))
       if state in PREEMPTED_STATES:
@@ -295,7 +312,7 @@ def follow(args, gcloud: Gcloud) -> int:
                        f'state {state or "unknown"})')
     else:
       failures = 0
-      code = exit_status(output)
+      code = exit_status(states)
       if code is not None:
         return code
     time.sleep(args.poll_seconds)

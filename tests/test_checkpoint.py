@@ -20,6 +20,7 @@ from jaxformer import evaluate
 from jaxformer import parallel
 from jaxformer.config import default_config, load_config
 from jaxformer.data import builtin
+from jaxformer.data import tasks as data_tasks
 from jaxformer.data import tokenizer as tokenizer_lib
 from jaxformer.model import config as model_config_lib
 from jaxformer.tasks import get_task
@@ -287,6 +288,79 @@ def test_resuming_with_more_steps_or_another_learning_rate_is_allowed(
   changed.train.update(num_steps=10_000, learning_rate=1e-4,
                        grad_clip_norm=0.5, schedule='warmup_cosine')
   checkpoints.check_compatible(changed)
+
+
+def batching(config, kind: str, grad_accum_steps: int = 1):
+  changed = ml_collections.ConfigDict(config.to_dict())
+  changed.data.batching = kind
+  changed.train.grad_accum_steps = grad_accum_steps
+  return changed
+
+
+def test_resuming_bucket_batches_on_another_row_multiple_needs_consent(
+    tmp_path, config, tokenizer, capsys):
+  bucket = batching(config, 'bucket')
+  checkpoints = checkpoint_lib.Checkpointer(str(tmp_path), options())
+  checkpoints.set_extra(bucket, [tokenizer])
+  checkpoints.use_data_order(data_tasks.data_order(bucket, 8), False)
+  checkpoints.save(1, {'w': np.zeros(2)}, {'loss': 1.0})
+  checkpoints.close()
+
+  resumed = checkpoint_lib.Checkpointer(str(tmp_path), options())
+  # 4 row shards x 2 microbatches: a multiple of 8 rows as before, the
+  # same batches.
+  resumed.use_data_order(data_tasks.data_order(batching(config, 'bucket', 2),
+                                               4), False)
+  new_order = data_tasks.data_order(batching(config, 'bucket', 2), 8)
+  with pytest.raises(checkpoint_lib.CheckpointError) as error:
+    resumed.use_data_order(new_order, False)
+  message = str(error.value)
+  assert '\n' not in message
+  assert ('multiples of 8 rows (8 row shards (mesh.data x mesh.fsdp) x 1 '
+          'train.grad_accum_steps), this run makes multiples of 16 rows (8 '
+          'row shards (mesh.data x mesh.fsdp) x 2 train.grad_accum_steps)'
+          in message)
+  assert '--config.data.allow_new_data_order=true' in message
+
+  resumed.use_data_order(new_order, True)
+  assert 'going on in the new order' in capsys.readouterr().err
+  resumed.save(2, {'w': np.zeros(2)}, {'loss': 1.0})
+  resumed.wait()
+  assert resumed.restore_extra(2)['data_order'] == new_order
+  resumed.close()
+
+
+def first_batches(config, tokenizer, row_multiple: int):
+  """Global batches 5 and 6 of `config` with rows in multiples of
+  `row_multiple` (mesh.data x mesh.fsdp x train.grad_accum_steps)."""
+  stream = data_tasks.train_batches(config, tokenizer, tokenizer, start_step=5,
+                                    row_multiple=row_multiple)
+  return [next(stream) for _ in range(2)]
+
+
+def test_pack_batches_resume_on_any_layout(tmp_path, config, tokenizer):
+  pack = batching(config, 'pack')
+  # The same examples in the same rows whatever the row multiple; bucket
+  # batches change with it.
+  for a, b in zip(first_batches(pack, tokenizer, 1),
+                  first_batches(pack, tokenizer, 16)):
+    assert a.keys() == b.keys()
+    for key in a:
+      np.testing.assert_array_equal(a[key], b[key])
+  bucket = batching(config, 'bucket')
+  assert [len(batch['inputs']) for batch in first_batches(
+      bucket, tokenizer, 1)] != [len(batch['inputs']) for batch in
+                                 first_batches(bucket, tokenizer, 16)]
+
+  checkpoints = checkpoint_lib.Checkpointer(str(tmp_path), options())
+  checkpoints.set_extra(pack, [tokenizer])
+  checkpoints.use_data_order(data_tasks.data_order(pack, 8), False)
+  checkpoints.save(1, {'w': np.zeros(2)}, {'loss': 1.0})
+  checkpoints.close()
+  resumed = checkpoint_lib.Checkpointer(str(tmp_path), options())
+  resumed.use_data_order(data_tasks.data_order(batching(config, 'pack', 4), 2),
+                         False)
+  resumed.close()
 
 
 def test_workdir_under_a_file_fails_at_start_naming_the_file(tmp_path, capsys):

@@ -142,3 +142,14 @@ def test_training_a_finished_run_again_says_there_is_nothing_to_train(
                    '--config.train.peak_flops=1e9']) == 0
   assert 'already at train.num_steps=10: nothing to train' in (
       capfd.readouterr().out)
+
+
+def test_a_pack_run_resumes_on_another_mesh_and_accumulation(workdir, capfd):
+  # 'pack' batches do not depend on the layout: no data-order refusal.
+  assert cli.main(['train', '--config', 'configs/quickstart.py:runlocal',
+                   '--workdir', workdir, '--config.train.num_steps=10',
+                   '--config.eval.final_split=', '--config.train.peak_flops=1e9',
+                   '--config.mesh.data=2', '--config.mesh.fsdp=-1',
+                   '--config.train.grad_accum_steps=2']) == 0
+  out, err = capfd.readouterr()
+  assert 'nothing to train' in out and 'order' not in err

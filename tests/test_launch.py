@@ -2,6 +2,7 @@
 `srun`, `scontrol` and `jaxformer` programs that record how they were
 called (the fake gcloud runs ssh commands here, one $HOME per worker)."""
 import importlib.metadata
+import importlib.util
 import json
 import os
 import pathlib
@@ -41,7 +42,7 @@ FAKE = textwrap.dedent('''\
 # "drops" ($FAKE_SCRIPT's '<kind>_drop_after' seconds); '<kind>_codes' make
 # a call fail before it reaches the workers. pip installs are only recorded.
 GCLOUD = '''
-import signal, subprocess
+import signal, subprocess, time
 def take(key, default):
   path = os.environ['FAKE_SCRIPT']
   script = json.load(open(path))
@@ -65,6 +66,12 @@ elif verb == 'ssh':
   worker = next(a for a in sys.argv if a.startswith('--worker='))[9:]
   workers = range(int(os.environ['FAKE_WORKERS'])) if worker == 'all' else [
       int(worker)]
+  if take(kind + '_shut_down', False):  # SIGTERM to every worker's run.
+    for index in range(int(os.environ['FAKE_WORKERS'])):
+      run_dir = os.path.join(os.environ['FAKE_WORKERS_DIR'], f'worker{index}',
+                             'jaxformer-run')
+      os.killpg(int(open(os.path.join(run_dir, 'pid')).read()), signal.SIGTERM)
+    time.sleep(1)
   for index in workers:
     home = os.path.join(os.environ['FAKE_WORKERS_DIR'], f'worker{index}')
     os.makedirs(os.path.join(home, 'jaxformer'), exist_ok=True)
@@ -108,7 +115,12 @@ for task in range(int(options['ntasks'])):
 '''
 
 JAXFORMER = '''
-import time
+import signal, time
+# As jaxformer train: a SIGTERM saves a checkpoint and exits 0.
+def stop(signum, frame):
+  sys.stdout.write('saved\\n')
+  sys.exit(0)
+signal.signal(signal.SIGTERM, stop)
 # One write per line: under PYTHONUNBUFFERED, print() writes each piece
 # separately and the concurrent processes' pieces would interleave.
 sys.stdout.write(f"hello from {os.environ['JAX_PROCESS_ID']}\\n")
@@ -256,6 +268,20 @@ def test_tpu_vm_can_stop_following_and_attach_again(fakes):
   assert worker_files(env, 'exit_code') == ['0\n', '0\n']
 
 
+def test_tpu_vm_combines_the_workers_states():
+  spec = importlib.util.spec_from_file_location('tpu_vm', LAUNCH / 'tpu_vm.py')
+  tpu_vm = importlib.util.module_from_spec(spec)
+  spec.loader.exec_module(tpu_vm)
+  output = ('Using ssh batch size of 1.\n[worker 0] jaxformer-status exited 0\n'
+            'jaxformer-status  running\n')
+  assert tpu_vm.worker_states(output) == ['exited 0', 'running']
+  assert tpu_vm.exit_status(['exited 0', 'running']) is None
+  assert tpu_vm.exit_status(['exited 0', 'exited 3']) == 3
+  assert tpu_vm.exit_status(['exited 0', 'lost']) == tpu_vm.LOST == 255
+  assert tpu_vm.exit_status(['exited 0 terminated', 'exited 0']) == 143
+  assert tpu_vm.worker_states('ssh: connect to host: timed out') == []
+
+
 def test_tpu_vm_dry_run_prints_the_commands_and_runs_none(fakes):
   env, calls, _ = fakes
   result = run([*TPU, '--dry-run', '--', *TRAIN], env)
@@ -277,6 +303,19 @@ def test_tpu_vm_recreates_and_resumes_after_a_preemption(fakes):
       'create', 'scp', 'ssh', 'ssh', 'ssh', 'ssh', 'describe', 'describe',
       'delete', 'create', 'scp', 'ssh', 'ssh', 'ssh', 'ssh', 'delete']
   assert 'preempted' in result.stdout
+
+
+def test_tpu_vm_restarts_a_run_stopped_cleanly_by_a_preemption(fakes):
+  env, calls, script = fakes
+  # The preemption's shutdown sends SIGTERM: training saves and exits 0.
+  script.write_text(json.dumps({'tail_shut_down': [True],
+                                'states': ['PREEMPTED']}))
+  result = run([*TPU, *FOLLOW, '--restart-on-preemption', '--', *TRAIN],
+               dict(env, FAKE_TRAIN_SECONDS='3'))
+  assert 'saved' in result.stdout and 'preempted' in result.stdout
+  assert gcloud_verbs(calls) == [
+      'create', 'scp', 'ssh', 'ssh', 'ssh', 'ssh', 'describe', 'delete',
+      'create', 'scp', 'ssh', 'ssh', 'ssh', 'ssh', 'delete']
 
 
 def test_tpu_vm_reports_a_failure_that_is_not_a_preemption(fakes):

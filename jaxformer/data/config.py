@@ -39,6 +39,10 @@ def default_data_config() -> ml_collections.ConfigDict:
       batching='pack',  # 'pack' | 'bucket'
       batch_size=32,  # global rows per batch ('pack' and evaluation)
       tokens_per_batch=4096,  # global tokens per side and batch ('bucket')
+      # 'bucket' batches hold a multiple of mesh.data x mesh.fsdp x
+      # train.grad_accum_steps rows, so resuming with another multiple
+      # changes the examples of every later batch: refused unless True.
+      allow_new_data_order=False,
       # Each epoch uses a full seeded permutation (a buffer as large as the
       # data); 0 keeps the file order.
       shuffle_buffer=10000,

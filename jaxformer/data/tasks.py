@@ -242,6 +242,23 @@ def row_multiple(config: ml_collections.ConfigDict, row_shards: int) -> int:
   return row_shards * int(config.train.grad_accum_steps)
 
 
+def data_order(config: ml_collections.ConfigDict, row_shards: int) -> dict:
+  """What the order of training examples depends on besides the data, the
+  data config and the seed, as saved with checkpoints: for 'bucket'
+  batching of translation, the row multiple (`row_multiple`), which sets
+  how many examples each bucket's batches take; nothing more for 'pack'
+  and row tasks, whose global batch k is rows [k * batch_size, (k + 1) *
+  batch_size) of the epoch's plan however processes, devices and
+  microbatches split it. The process count never matters: a 'bucket'
+  batch's examples are split over processes, padded with empty rows."""
+  if config.task in ROW_LAYOUTS or config.data.batching != 'bucket':
+    return {'batching': 'pack' if config.task not in ROW_LAYOUTS else 'rows'}
+  return {'batching': 'bucket',
+          'row_multiple': row_multiple(config, row_shards),
+          'row_shards': int(row_shards),
+          'grad_accum_steps': int(config.train.grad_accum_steps)}
+
+
 def train_batch_shapes(config: ml_collections.ConfigDict, row_shards: int = 1
                        ) -> list[tuple[int, int, int]]:
   """Every global training batch shape of `config` on a mesh of `row_shards`

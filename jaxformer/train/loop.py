@@ -169,6 +169,8 @@ class Trainer:
                                                        self.devices),
                                     jax.process_index())
     self.mesh, self.share = self.plan.mesh, self.plan.share
+    self.checkpoints.use_data_order(self.plan.data_order,
+                                    self.config.data.allow_new_data_order)
     self._set_num_steps(self.config.train.num_steps)
     self.example_batch = self.task.example_batch(self.config)
     self.token_cache = token_cache_lib.directory(self.config.data, workdir)
