@@ -226,10 +226,12 @@ def distributed_arguments(settings, environ: Mapping[str, str] = os.environ,
   JAX_NUM_PROCESSES and JAX_PROCESS_ID) win. Without them, a SLURM job step
   of several tasks or a Cloud TPU VM leaves them to JAX's cluster detection
   (on a single-host TPU VM that is a runtime of one process).
-  num_processes=1 always means a single process.
+  num_processes=1 means a single process without a runtime, unless a
+  coordinator address is given too: then a runtime of one process starts,
+  as on a single-host TPU VM (`launch/local.sh --processes 1` does that).
   """
   address, num_processes, process_id = _explicit_values(settings, environ)
-  if num_processes == 1:
+  if num_processes == 1 and not address:
     return None
   timeouts = dict(
       initialization_timeout=int(settings.initialization_timeout),
@@ -254,7 +256,7 @@ def _check_complete(address: str, num_processes: int, process_id: int):
   missing = [f'{name} (--config.distributed.{name} or {env})'
              for name, env, value in (
                  ('coordinator_address', 'JAX_COORDINATOR_ADDRESS', address),
-                 ('num_processes', 'JAX_NUM_PROCESSES', num_processes > 1),
+                 ('num_processes', 'JAX_NUM_PROCESSES', num_processes > 0),
                  ('process_id', 'JAX_PROCESS_ID', process_id >= 0))
              if not value]
   if missing:
@@ -284,7 +286,7 @@ def initialize_distributed(settings) -> None:
   distributed.heartbeat_timeout seconds instead of waiting forever in a
   collective.
   """
-  if _runtime_started():
+  if runtime_started():
     return
   arguments = distributed_arguments(settings, os.environ, _on_cloud_tpu_vm())
   if arguments is None:
@@ -316,7 +318,8 @@ def _or_detected(value) -> str:
   return 'auto-detected' if value is None else str(value)
 
 
-def _runtime_started() -> bool:
+def runtime_started() -> bool:
+  """Whether JAX's distributed runtime is up (with any process count)."""
   if hasattr(jax.distributed, 'is_initialized'):
     return jax.distributed.is_initialized()
   from jax._src import distributed as jax_distributed  # Older jax.
