@@ -103,7 +103,7 @@ def trial(count: int, heartbeat: int, model: str, overrides: list[str],
       if p.poll() is None:
         p.kill()
       p.wait()
-  named = f'process {victim} of {count} died (no heartbeat)'
+  named = f'jaxformer: process {victim} of {count} stopped responding'
   return dict(victim=victim, step=step, seconds=seconds, codes={
       i: processes[i].returncode for i in seconds}, named={
           i: named in logs[i].read_text() for i in seconds})

@@ -378,11 +378,15 @@ class Checkpointer:
     """This process's shards of `step` (both items), without the barrier
     that ends Orbax's restore: a process whose read fails never reaches it,
     and the others would wait there while it goes on to another step."""
-    restored = ocp.CompositeCheckpointHandler().restore(
-        epath.Path(self.step_directory(step)), args=ocp.args.Composite(
-            state=ocp.args.StandardRestore(
-                _with_shardings(abstract_state, shardings)),
-            extra=ocp.args.JsonRestore()))
+    handler = ocp.CompositeCheckpointHandler()
+    try:
+      restored = handler.restore(
+          epath.Path(self.step_directory(step)), args=ocp.args.Composite(
+              state=ocp.args.StandardRestore(
+                  _with_shardings(abstract_state, shardings)),
+              extra=ocp.args.JsonRestore()))
+    finally:
+      handler.close()
     return restored['state']
 
   def _move_aside(self, steps: list[int]) -> None:

@@ -1,4 +1,4 @@
-"""What the processes of a multi-host run agree on, and how they find out
+"""What the processes of a multi-host run agree on, and how they learn
 that one of them is gone.
 
 Values pass through the distributed runtime's key-value store (the
@@ -7,6 +7,7 @@ instead of polling files, and no program is compiled for it. Each function
 here is called by every process, in the same order; with one process (or
 no runtime) they return at once.
 """
+import atexit
 import secrets
 import sys
 import threading
@@ -97,7 +98,7 @@ def _read_probe(probe: str, token: str, read_seconds: float) -> str:
   while True:
     try:
       seen = paths.read_text(probe).strip()
-    except (FileNotFoundError, OSError):
+    except OSError:  # Missing, or unreadable here.
       seen = None
     if seen == token:
       return 'ok'
@@ -108,38 +109,62 @@ def _read_probe(probe: str, token: str, read_seconds: float) -> str:
     time.sleep(0.2)
 
 
-def dead_processes(timeout_seconds: float) -> list[int] | None:
-  """The processes that the runtime no longer counts as alive (their
-  heartbeats stopped), asked of the coordinator together with the other
-  survivors ([0] when the coordinator, process 0, cannot be reached); None
-  when no answer came within `timeout_seconds` (a survivor still busy
-  elsewhere)."""
+def watch_peers(heartbeat_timeout: float, every: float = 1.0) -> None:
+  """Names a process that dies, in one line on every other process.
+
+  JAX's runtime ends every process `heartbeat_timeout` seconds after one
+  stops sending heartbeats, from a thread of its own, with a fatal log that
+  names the task inside many lines (and no Python code runs then). So a
+  daemon thread here posts a beat to the key-value store every `every`
+  seconds and reads all of them; a process silent for half the timeout is
+  named once, before the runtime ends this one. A process that exits
+  posts 'done' and is not named; it goes on reading while it waits for the
+  others at exit.
+  """
   if not _several():
-    return []
-  result = []
+    return
+  client, me = _client(), jax.process_index()
+  count = jax.process_count()
+  prefix = 'jaxformer/beat/'
+  done, posting = threading.Event(), threading.Lock()
 
-  def ask():
-    every = list(range(jax.process_count()))
-    try:
-      live = _client().get_live_nodes(every)
-    except Exception:  # pylint: disable=broad-except
-      result.append([0])  # Every other process still reaches it.
-      return
-    result.append([p for p in every if p not in live])
+  def post_done():
+    with posting:  # Before the runtime's exit handler waits for the others.
+      done.set()
+      try:
+        client.key_value_set(f'{prefix}{me}', 'done', allow_overwrite=True)
+      except Exception:  # pylint: disable=broad-except
+        pass  # The runtime is going down already.
 
-  thread = threading.Thread(target=ask, daemon=True)
-  thread.start()
-  thread.join(timeout_seconds)
-  return result[0] if result else None
+  def beat():
+    seen: dict[str, tuple[str, float]] = {}
+    named = False
+    beats = 0
+    while True:
+      time.sleep(every)
+      beats += 1
+      try:
+        with posting:
+          if not done.is_set():
+            client.key_value_set(f'{prefix}{me}', str(beats),
+                                 allow_overwrite=True)
+        values = dict(client.key_value_dir_get(prefix))
+      except Exception:  # pylint: disable=broad-except
+        return  # The coordinator is gone: the runtime ends this process.
+      now = time.monotonic()
+      for key, value in values.items():
+        if key not in seen or seen[key][0] != value:
+          seen[key] = (value, now)
+      silent = sorted(int(k.rsplit('/', 1)[1]) for k, (v, t) in seen.items()
+                      if v != 'done' and now - t > heartbeat_timeout / 2)
+      if silent and not named:
+        named = True
+        print(f'jaxformer: process {", ".join(map(str, silent))} of {count} '
+              f'stopped responding {heartbeat_timeout / 2:g} s ago (it died '
+              f'or hangs); the runtime ends process {me} within '
+              f'distributed.heartbeat_timeout={heartbeat_timeout:g} s. '
+              'Restart all processes to resume from the latest checkpoint.',
+              file=sys.stderr, flush=True)
 
-
-def report_dead_processes(timeout_seconds: float) -> None:
-  """After an error in a multi-process run: one line naming the processes
-  that died, when that is why this one stopped."""
-  dead = dead_processes(timeout_seconds)
-  if dead:
-    names = ', '.join(map(str, dead))
-    print(f'jaxformer: process {names} of {jax.process_count()} died (no '
-          f'heartbeat), so process {jax.process_index()} stops too; restart '
-          'all processes to resume from the latest checkpoint.',
-          file=sys.stderr, flush=True)
+  atexit.register(post_done)
+  threading.Thread(target=beat, name='jaxformer-peers', daemon=True).start()

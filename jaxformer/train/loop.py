@@ -133,6 +133,7 @@ class Trainer:
     parallel.initialize_distributed(config.distributed)
     # Seconds, not the hour that the others would wait for process 0's files.
     hosts.check_shared_workdir(workdir)
+    hosts.watch_peers(config.distributed.heartbeat_timeout)
     self.budget = budget_lib.Budget(config.train.max_minutes,
                                     sync_every=config.train.log_every)
     self.finished = False
@@ -279,9 +280,6 @@ class Trainer:
       # With several processes, closing waits on the others: not on error.
       if jax.process_count() == 1:
         self.checkpoints.close()
-      else:
-        hosts.report_dead_processes(
-            self.config.distributed.heartbeat_timeout + 30)
       raise
     self.checkpoints.close()
     return final
