@@ -116,10 +116,10 @@ def watch_peers(heartbeat_timeout: float, every: float = 1.0) -> None:
   stops sending heartbeats, from a thread of its own, with a fatal log that
   names the task inside many lines (and no Python code runs then). So a
   daemon thread here posts a beat to the key-value store every `every`
-  seconds and reads all of them; a process silent for half the timeout is
-  named once, before the runtime ends this one. A process that exits
-  posts 'done' and is not named; it goes on reading while it waits for the
-  others at exit.
+  seconds and reads all of them; a process silent for 0.7 of the timeout
+  is named, before the runtime ends this one (and named as responding
+  again if it was only stalled). A process that exits posts 'done' and is
+  not named; it goes on reading while it waits for the others at exit.
   """
   if not _several():
     return
@@ -127,6 +127,7 @@ def watch_peers(heartbeat_timeout: float, every: float = 1.0) -> None:
   count = jax.process_count()
   prefix = 'jaxformer/beat/'
   done, posting = threading.Event(), threading.Lock()
+  silence = 0.7 * heartbeat_timeout
 
   def post_done():
     with posting:  # Before the runtime's exit handler waits for the others.
@@ -137,9 +138,9 @@ def watch_peers(heartbeat_timeout: float, every: float = 1.0) -> None:
         pass  # The runtime is going down already.
 
   def beat():
-    seen: dict[str, tuple[str, float]] = {}
-    named = False
-    beats = 0
+    seen: dict[int, tuple[str, float]] = {}
+    named: set[int] = set()
+    beats, last = 0, time.monotonic()
     while True:
       time.sleep(every)
       beats += 1
@@ -148,23 +149,33 @@ def watch_peers(heartbeat_timeout: float, every: float = 1.0) -> None:
           if not done.is_set():
             client.key_value_set(f'{prefix}{me}', str(beats),
                                  allow_overwrite=True)
-        values = dict(client.key_value_dir_get(prefix))
+        values = client.key_value_dir_get(prefix)
       except Exception:  # pylint: disable=broad-except
         return  # The coordinator is gone: the runtime ends this process.
       now = time.monotonic()
-      for key, value in values.items():
-        if key not in seen or seen[key][0] != value:
-          seen[key] = (value, now)
-      silent = sorted(int(k.rsplit('/', 1)[1]) for k, (v, t) in seen.items()
-                      if v != 'done' and now - t > heartbeat_timeout / 2)
-      if silent and not named:
-        named = True
-        print(f'jaxformer: process {", ".join(map(str, silent))} of {count} '
-              f'stopped responding {heartbeat_timeout / 2:g} s ago (it died '
-              f'or hangs); the runtime ends process {me} within '
-              f'distributed.heartbeat_timeout={heartbeat_timeout:g} s. '
-              'Restart all processes to resume from the latest checkpoint.',
-              file=sys.stderr, flush=True)
+      stalled, last = now - last > silence / 2, now
+      for key, value in values:
+        process = int(key.rsplit('/', 1)[1])
+        changed = process not in seen or seen[process][0] != value
+        # After a stall of this thread, the others' silence is not theirs.
+        if changed or stalled:
+          seen[process] = (value, now)
+        if changed and process in named:
+          named.discard(process)
+          _say(f'process {process} of {count} responds again.')
+      silent = sorted(p for p, (v, t) in seen.items() if p not in named
+                      and v != 'done' and now - t > silence)
+      if silent:
+        named.update(silent)
+        _say(f'process {", ".join(map(str, silent))} of {count} stopped '
+             f'responding {silence:g} s ago (dead, or stalled); if it is '
+             f'dead, the runtime ends process {me} within '
+             f'distributed.heartbeat_timeout={heartbeat_timeout:g} s: '
+             'restart all processes to resume from the latest checkpoint.')
 
   atexit.register(post_done)
   threading.Thread(target=beat, name='jaxformer-peers', daemon=True).start()
+
+
+def _say(text: str) -> None:
+  print(f'jaxformer: {text}', file=sys.stderr, flush=True)

@@ -276,15 +276,16 @@ def end_all(processes) -> None:
     process.wait()
 
 
-def wait_for_step(workdir, processes, step: int, timeout: float) -> None:
+def wait_for_step(workdir, processes, logs, step: int, timeout: float) -> None:
   """Until process 0 has logged `step` (or a later one)."""
   metrics = workdir / 'metrics.jsonl'
   deadline = time.monotonic() + timeout
   while not (metrics.exists() and any(
       json.loads(line).get('step', 0) >= step
       for line in metrics.read_text().splitlines() if line.endswith('}'))):
-    failed = [p.args for p in processes if p.poll() is not None]
-    assert not failed, f'a process ended before step {step}: {failed}'
+    failed = [i for i, p in enumerate(processes) if p.poll() is not None]
+    assert not failed, f'process {failed} ended before step {step}:\n' + (
+        '\n'.join(logs[i].read_text()[-3000:] for i in failed))
     assert time.monotonic() < deadline, f'no step {step} within the time limit'
     time.sleep(0.02)
 
@@ -293,7 +294,7 @@ def kill_one_and_time_the_others(workdir, processes, logs, step: int,
                                  victim: int, timeout: float):
   """SIGKILLs process `victim` once process 0 logged `step`; returns the
   seconds each other process took to exit."""
-  wait_for_step(workdir, processes, step, RUN_TIMEOUT)
+  wait_for_step(workdir, processes, logs, step, RUN_TIMEOUT)
   processes[victim].send_signal(signal.SIGKILL)
   killed = time.monotonic()
   seconds = {}
