@@ -116,10 +116,12 @@ def watch_peers(heartbeat_timeout: float, every: float = 1.0) -> None:
   stops sending heartbeats, from a thread of its own, with a fatal log that
   names the task inside many lines (and no Python code runs then). So a
   daemon thread here posts a beat to the key-value store every `every`
-  seconds and reads all of them; a process silent for 0.7 of the timeout
-  is named, before the runtime ends this one (and named as responding
-  again if it was only stalled). A process that exits posts 'done' and is
-  not named; it goes on reading while it waits for the others at exit.
+  seconds and reads all of them; a process silent for 0.4 of the timeout
+  is named (the runtime may end the others as early as 0.7 of it after a
+  death, measured: its own heartbeats come at intervals), and named as
+  responding again if it was only stalled. A process that exits posts
+  'done' and is not named; it goes on reading while it waits for the
+  others at exit.
   """
   if not _several():
     return
@@ -127,7 +129,7 @@ def watch_peers(heartbeat_timeout: float, every: float = 1.0) -> None:
   count = jax.process_count()
   prefix = 'jaxformer/beat/'
   done, posting = threading.Event(), threading.Lock()
-  silence = 0.7 * heartbeat_timeout
+  silence = 0.4 * heartbeat_timeout
 
   def post_done():
     with posting:  # Before the runtime's exit handler waits for the others.
@@ -153,7 +155,7 @@ def watch_peers(heartbeat_timeout: float, every: float = 1.0) -> None:
       except Exception:  # pylint: disable=broad-except
         return  # The coordinator is gone: the runtime ends this process.
       now = time.monotonic()
-      stalled, last = now - last > silence / 2, now
+      stalled, last = now - last > silence, now
       for key, value in values:
         process = int(key.rsplit('/', 1)[1])
         changed = process not in seen or seen[process][0] != value
