@@ -350,7 +350,7 @@ def test_killing_one_process_ends_the_other_within_the_heartbeat_timeout(
     return
   saved = max(int(p.name) for p in (workdir / 'checkpoints').iterdir()
               if p.name.isdigit())
-  assert step <= saved < 10
+  assert 2 <= saved < 10  # The save of a later step may not have committed.
   output = train(workdir, 2, 2, 10, *shared_tokenizer(one_process))
   assert f'Resuming from the checkpoint of step {saved}' in output
   resumed, uninterrupted = train_losses(workdir), train_losses(two_processes)
