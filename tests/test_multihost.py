@@ -410,7 +410,7 @@ def link_view(source: pathlib.Path, view: pathlib.Path) -> None:
 
 @pytest.mark.slow
 def test_hosts_restore_the_newest_step_that_every_host_can_read(
-    tmp_path, two_processes):
+    tmp_path, one_process, two_processes):
   """Process 1 sees the run through another view of the storage, in which
   step 10 is a damaged copy (as a host's stale or corrupted cache would
   show it); process 0 reads step 10 intact. Both resume from step 5, and
@@ -426,7 +426,8 @@ def test_hosts_restore_the_newest_step_that_every_host_can_read(
                             view / 'checkpoints' / '10')
   manifest = damaged / 'state' / 'manifest.ocdbt'
   os.truncate(manifest, manifest.stat().st_size // 2)
-  command = [*TRAIN, *QUICK, '--config.train.num_steps=5']
+  command = [*TRAIN, *QUICK, '--config.train.num_steps=5',
+             *shared_tokenizer(one_process)]
   processes, logs = run_processes(
       [[*command, '--workdir', str(workdir)] for workdir in (shared, view)],
       tmp_path, 2)
