@@ -344,8 +344,12 @@ def test_killing_one_process_ends_the_other_within_the_heartbeat_timeout(
     output = log.read_text()
     assert processes[i].returncode != 0, output[-3000:]
     assert seconds[i] < HEARTBEAT + 30, output[-3000:]
-    assert f'jaxformer: process {victim} of {count} stopped responding' in (
-        output), output[-3000:]
+    # When the runtime sees the death at once (a dropped connection), its
+    # own fatal log ends the others within a second, before any beat is
+    # missed; else they wait for the heartbeat and name the dead one.
+    if seconds[i] > 0.4 * HEARTBEAT + 2:
+      assert f'jaxformer: process {victim} of {count} stopped responding' in (
+          output), output[-3000:]
   if count != 2:
     return
   saved = max(int(p.name) for p in (workdir / 'checkpoints').iterdir()
