@@ -101,6 +101,30 @@ def _short(error: Exception, limit: int = 300) -> str:
   return text if len(text) <= limit else text[:limit] + '...'
 
 
+def transient(error: BaseException) -> bool:
+  """Whether a read error may pass when tried again (a timeout, a dropped
+  connection, storage that is briefly unavailable) rather than mean that
+  the files are damaged or missing."""
+  if isinstance(error, (TimeoutError, ConnectionError)):
+    return True
+  if isinstance(error, (FileNotFoundError, IsADirectoryError,
+                        NotADirectoryError, PermissionError)):
+    return False
+  if isinstance(error, OSError):  # EIO, ESTALE (network file systems).
+    return True
+  # TensorStore and gRPC name the status in the message.
+  return any(status in str(error) for status in (
+      'UNAVAILABLE', 'DEADLINE_EXCEEDED', 'RESOURCE_EXHAUSTED'))
+
+
+def _processes_failing(failed: bool) -> list[int]:
+  """The processes for which `failed` is true (each gives its own)."""
+  if jax.process_count() == 1:
+    return [0] if failed else []
+  flags = multihost_utils.process_allgather(np.int32(failed))
+  return [p for p, flag in enumerate(np.asarray(flags).reshape(-1)) if flag]
+
+
 def _with_shardings(abstract, shardings):
   return jax.tree.map(
       lambda x, s: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=s),
@@ -197,9 +221,10 @@ class Checkpointer:
     return bool(every) and step % every == 0
 
   def reached_preemption(self, step: int) -> bool:
-    """With several processes: whether all of them agreed to stop after
-    `step` (JAX's preemption service). Every process must call this once at
-    every step. Always False in a single process."""
+    """With the distributed runtime up (any process count): whether all
+    processes agreed to stop after `step` (JAX's preemption service, which
+    owns SIGTERM then). Every process must call this once at every step.
+    Always False without the runtime."""
     return self.manager.reached_preemption(step)
 
   def latest_step(self) -> int | None:
@@ -281,27 +306,38 @@ class Checkpointer:
     return restored['state']['params']
 
   def restore_latest(self, abstract_state, shardings):
-    """The newest step that restores, or None when there are no steps.
+    """The newest step that every process restores, or None when there are
+    no steps.
 
-    A damaged step is reported by name and skipped. Unless read-only, it is
-    then renamed to <step>.damaged-<time> (kept for inspection, nothing is
-    deleted) so that the run can write that step again. When no step
-    restores, which suggests a cause other than damage, this raises and
-    moves nothing.
+    Every process tries the steps that process 0 lists, newest first, each
+    reading its own shards; an error that may pass (`transient`) is retried
+    before the step counts as damaged. The processes then tell each other
+    whether they read it, and all take the newest step that all of them
+    read, so no two restore different steps. A damaged step is reported by
+    name and skipped. Unless read-only, process 0 then renames it to
+    <step>.damaged-<time> (kept for inspection, nothing is deleted), after
+    all processes agreed, so that the run can write that step again. When
+    no step restores, which suggests a cause other than damage, this raises
+    and moves nothing.
     """
     failures = {}
-    for step in reversed(self.all_steps()):
+    for step in reversed(self._steps_of_process_0()):
       try:
-        restored = self.restore(step, abstract_state, shardings)
+        restored, error = self._read_retrying(
+            step, abstract_state, shardings), None
       except Exception as e:  # Orbax raises many types for damaged files.
-        failures[step] = _short(e)
-        print(f'WARNING: checkpoint {self.step_directory(step)} cannot be '
-              f'restored ({failures[step]}); trying the one before.',
-              file=sys.stderr, flush=True)
-        continue
-      if failures and not self.read_only:
-        self._move_aside(list(failures))
-      return restored
+        restored, error = None, _short(e)
+      unreadable = _processes_failing(error is not None)
+      if not unreadable:
+        if failures and not self.read_only:
+          self._move_aside(list(failures))
+        return restored
+      failures[step] = error or (
+          f'process {", ".join(map(str, unreadable))} cannot read it; see '
+          'its log')
+      print(f'WARNING: checkpoint {self.step_directory(step)} cannot be '
+            f'restored ({failures[step]}); trying the one before.',
+            file=sys.stderr, flush=True)
     if failures:
       raise CheckpointError(
           f'No checkpoint in {self.directory} can be restored ('
@@ -309,6 +345,50 @@ class Checkpointer:
           + '). If they are damaged, move them elsewhere to start afresh; '
           'if the config changed, undo the change.')
     return None
+
+  def _steps_of_process_0(self) -> list[int]:
+    """Process 0's `all_steps` on every process (a host whose view of the
+    directory lags would else try other steps)."""
+    steps = self.all_steps()
+    if jax.process_count() == 1:
+      return steps
+    count = int(multihost_utils.broadcast_one_to_all(np.int64(len(steps))))
+    if not count:
+      return []
+    padded = np.zeros(count, np.int64)
+    padded[:min(count, len(steps))] = steps[:count]
+    return [int(s) for s in multihost_utils.broadcast_one_to_all(padded)]
+
+  def _read_retrying(self, step: int, abstract_state, shardings,
+                     tries: int = 4, first_wait: float = 1.0):
+    """`_read`, retried with waits of 1, 2, 4 s while the error is
+    transient."""
+    for attempt in range(tries):
+      try:
+        return self._read(step, abstract_state, shardings)
+      except Exception as e:
+        if attempt + 1 == tries or not transient(e):
+          raise
+        wait = first_wait * 2 ** attempt
+        print(f'WARNING: reading checkpoint {self.step_directory(step)} '
+              f'failed ({_short(e)}); trying again in {wait:g}s.',
+              file=sys.stderr, flush=True)
+        time.sleep(wait)
+
+  def _read(self, step: int, abstract_state, shardings):
+    """This process's shards of `step` (both items), without the barrier
+    that ends Orbax's restore: a process whose read fails never reaches it,
+    and the others would wait there while it goes on to another step."""
+    handler = ocp.CompositeCheckpointHandler()
+    try:
+      restored = handler.restore(
+          epath.Path(self.step_directory(step)), args=ocp.args.Composite(
+              state=ocp.args.StandardRestore(
+                  _with_shardings(abstract_state, shardings)),
+              extra=ocp.args.JsonRestore()))
+    finally:
+      handler.close()
+    return restored['state']
 
   def _move_aside(self, steps: list[int]) -> None:
     stamp = time.strftime('%Y%m%d-%H%M%S')

@@ -322,11 +322,13 @@ def distributed_arguments(settings, environ: Mapping[str, str] = os.environ,
   step of several tasks, a Cloud TPU VM, Kubernetes with its client) is
   left to that detection (on a single-host TPU VM that is a runtime of one
   process); the variables of clusters it does not detect (`_cluster_values`)
-  fill in what they can, and the rest must be given. num_processes=1 always
-  means a single process.
+  fill in what they can, and the rest must be given. num_processes=1 means
+  a single process without a runtime, unless a coordinator address is given
+  too: then a runtime of one process starts, as on a single-host TPU VM
+  (`launch/local.sh --processes 1` does that).
   """
   address, num_processes, process_id = _explicit_values(settings, environ)
-  if num_processes == 1:
+  if num_processes == 1 and not address:
     return None
   timeouts = dict(
       initialization_timeout=int(settings.initialization_timeout),
@@ -342,7 +344,7 @@ def distributed_arguments(settings, environ: Mapping[str, str] = os.environ,
     address = address or found_address
     num_processes = num_processes or found_count
     process_id = process_id if process_id >= 0 else found_id
-  if num_processes == 1:
+  if num_processes == 1 and not address:
     return None
   explicit = bool(address) or num_processes > 1 or process_id >= 0
   if not (explicit or cluster):
@@ -360,7 +362,7 @@ def _check_complete(address: str, num_processes: int, process_id: int,
   missing = [f'{name} (--config.distributed.{name} or {env})'
              for name, env, value in (
                  ('coordinator_address', 'JAX_COORDINATOR_ADDRESS', address),
-                 ('num_processes', 'JAX_NUM_PROCESSES', num_processes > 1),
+                 ('num_processes', 'JAX_NUM_PROCESSES', num_processes > 0),
                  ('process_id', 'JAX_PROCESS_ID', process_id >= 0))
              if not value]
   if missing:
@@ -391,7 +393,7 @@ def initialize_distributed(settings) -> None:
   distributed.heartbeat_timeout seconds instead of waiting forever in a
   collective.
   """
-  if _runtime_started():
+  if runtime_started():
     return
   on_cloud_tpu = _on_cloud_tpu_vm()
   k8s_client = importlib.util.find_spec('kubernetes') is not None
@@ -426,7 +428,8 @@ def _or_detected(value) -> str:
   return 'auto-detected' if value is None else str(value)
 
 
-def _runtime_started() -> bool:
+def runtime_started() -> bool:
+  """Whether JAX's distributed runtime is up (with any process count)."""
   if hasattr(jax.distributed, 'is_initialized'):
     return jax.distributed.is_initialized()
   from jax._src import distributed as jax_distributed  # Older jax.

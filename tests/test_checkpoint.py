@@ -1,11 +1,13 @@
 """Checkpoints: restoring into any mesh, keeping the best step, surviving
 damaged and failed writes, refusing incompatible configs, and parameter
 exports (`jaxformer export` / `jaxformer average`) that load and translate."""
+import errno
 import os
 import pathlib
 import resource
 import shutil
 import signal
+import socket
 import time
 
 import jax
@@ -464,3 +466,23 @@ def test_loading_for_translate_or_evaluate_names_both_steps_of_a_fallback(
   assert 'using step 1 instead' in err
   assert model.step == 1
   assert_trees_equal(model.params, state.params)
+
+
+def test_errors_that_may_pass_are_told_from_damage(tmp_path):
+  """Timeouts, dropped connections and unavailable storage are retried
+  before a step counts as damaged; missing or unreadable files are not."""
+  with socket.socket() as s:  # A port that nothing listens on.
+    s.bind(('127.0.0.1', 0))
+    closed_port = s.getsockname()[1]
+  with pytest.raises(ConnectionRefusedError) as refused:
+    socket.create_connection(('127.0.0.1', closed_port), timeout=5)
+  with pytest.raises(FileNotFoundError) as missing:
+    (tmp_path / 'absent').read_bytes()
+  transient = [refused.value, TimeoutError('read timed out'),
+               OSError(errno.EIO, 'Input/output error'),
+               ValueError('UNAVAILABLE: GCS returned 503'),
+               ValueError('DEADLINE_EXCEEDED: read of gs://b/x')]
+  damage = [missing.value, PermissionError(errno.EACCES, 'denied'),
+            ValueError('DATA_LOSS: Error reading manifest.ocdbt')]
+  assert [checkpoint_lib.transient(e) for e in transient] == [True] * 5
+  assert [checkpoint_lib.transient(e) for e in damage] == [False] * 3

@@ -19,6 +19,7 @@ import numpy as np
 import pytest
 
 from jaxformer import config as config_lib
+from jaxformer import hosts
 from jaxformer import parallel
 from jaxformer.train.metrics import read_metrics
 
@@ -72,6 +73,15 @@ def test_one_process_means_no_runtime_even_in_a_cluster():
   assert parallel.distributed_arguments(
       distributed_settings(num_processes=1), slurm_step,
       on_cloud_tpu=True) is None
+
+
+def test_one_process_with_a_coordinator_starts_a_runtime_of_one():
+  """As on a single-host TPU VM, and as `launch/local.sh --processes 1`."""
+  environ = {'JAX_COORDINATOR_ADDRESS': '127.0.0.1:1234',
+             'JAX_NUM_PROCESSES': '1', 'JAX_PROCESS_ID': '0'}
+  arguments = parallel.distributed_arguments(distributed_settings(), environ)
+  assert (arguments['coordinator_address'], arguments['num_processes'],
+          arguments['process_id']) == ('127.0.0.1:1234', 1, 0)
 
 
 def test_slurm_steps_and_tpu_vms_leave_the_values_to_jax_detection():
@@ -192,13 +202,14 @@ def free_port() -> int:
     return s.getsockname()[1]
 
 
-def process_env(port: int, index: int) -> dict[str, str]:
-  """The environment of process `index` of two, with 2 CPU devices each,
-  started directly (not through launch/local.sh)."""
+def process_env(port: int, index: int, count: int = 2,
+                devices: int = 2) -> dict[str, str]:
+  """The environment of process `index` of `count`, with `devices` CPU
+  devices each, started directly (not through launch/local.sh)."""
   return dict(os.environ, JAX_COORDINATOR_ADDRESS=f'127.0.0.1:{port}',
-              JAX_NUM_PROCESSES='2', JAX_PROCESS_ID=str(index),
+              JAX_NUM_PROCESSES=str(count), JAX_PROCESS_ID=str(index),
               JAX_PLATFORMS='cpu',
-              XLA_FLAGS='--xla_force_host_platform_device_count=2')
+              XLA_FLAGS=f'--xla_force_host_platform_device_count={devices}')
 
 
 def train(workdir, processes: int, devices: int, steps: int, *overrides,
@@ -274,9 +285,11 @@ def one_process(tmp_path_factory):
 
 @pytest.fixture(scope='module')
 def two_processes(tmp_path_factory, one_process):
-  """2 processes x 2 devices, 10 steps, with the first run's tokenizer."""
+  """2 processes x 2 devices, 10 steps (saved at 5 and 10), with the first
+  run's tokenizer."""
   workdir = tmp_path_factory.mktemp('two_processes')
-  train(workdir, 2, 2, 10, *shared_tokenizer(one_process))
+  train(workdir, 2, 2, 10, *shared_tokenizer(one_process),
+        '--config.checkpoint.every=5')
   return workdir
 
 
@@ -345,65 +358,134 @@ def test_checkpoints_restore_across_process_counts(one_process, two_processes,
   assert one[11] < train_losses(one_process)[1]
 
 
-def wait_for_first_step(workdir, processes, timeout: float) -> None:
+def run_processes(command, tmp_path, count: int, devices: int = 2,
+                  port: int | None = None):
+  """Starts `command` as `count` processes (not through launch/local.sh,
+  so that each can be signalled); returns them and their log paths."""
+  port = port or free_port()
+  logs = [tmp_path / f'process{i}.log' for i in range(count)]
+  processes = []
+  for i, log in enumerate(logs):
+    with open(log, 'w') as out:
+      processes.append(subprocess.Popen(
+          command[i] if isinstance(command[0], list) else command,
+          stdout=out, stderr=subprocess.STDOUT,
+          env=process_env(port, i, count, devices)))
+  return processes, logs
+
+
+def end_all(processes) -> None:
+  for process in processes:
+    if process.poll() is None:
+      process.kill()
+    process.wait()
+
+
+def wait_for_step(workdir, processes, logs, step: int, timeout: float) -> None:
+  """Until process 0 has logged `step` (or a later one)."""
   metrics = workdir / 'metrics.jsonl'
   deadline = time.monotonic() + timeout
-  while not (metrics.exists() and metrics.read_text().strip()):
-    failed = [p.args for p in processes if p.poll() is not None]
-    assert not failed, f'a process ended before the first step: {failed}'
-    assert time.monotonic() < deadline, 'no step within the time limit'
-    time.sleep(1)
+  while not (metrics.exists() and any(
+      json.loads(line).get('step', 0) >= step
+      for line in metrics.read_text().splitlines() if line.endswith('}'))):
+    failed = [i for i, p in enumerate(processes) if p.poll() is not None]
+    assert not failed, f'process {failed} ended before step {step}:\n' + (
+        '\n'.join(logs[i].read_text()[-3000:] for i in failed))
+    assert time.monotonic() < deadline, f'no step {step} within the time limit'
+    time.sleep(0.02)
+
+
+def kill_one_and_time_the_others(workdir, processes, logs, step: int,
+                                 victim: int, timeout: float):
+  """SIGKILLs process `victim` once process 0 logged `step`; returns the
+  seconds each other process took to exit."""
+  wait_for_step(workdir, processes, logs, step, RUN_TIMEOUT)
+  processes[victim].send_signal(signal.SIGKILL)
+  killed = time.monotonic()
+  seconds = {}
+  while len(seconds) < len(processes) - 1:
+    for i, process in enumerate(processes):
+      if i != victim and i not in seconds and process.poll() is not None:
+        seconds[i] = time.monotonic() - killed
+    assert time.monotonic() - killed < timeout, (
+        f'still running after {timeout}s: '
+        f'{[i for i in range(len(processes)) if i not in seconds]}\n'
+        + logs[0].read_text()[-3000:])
+    time.sleep(0.05)
+  return seconds
+
+
+HEARTBEAT = 10  # seconds, distributed.heartbeat_timeout of the kill tests
 
 
 @pytest.mark.slow
+@pytest.mark.parametrize('count', [2, 4])
 def test_killing_one_process_ends_the_other_within_the_heartbeat_timeout(
-    tmp_path):
-  heartbeat = 10
-  port = free_port()
+    tmp_path, one_process, two_processes, count):
+  """SIGKILL to a random worker at a random step: every other process exits
+  non-zero within the heartbeat timeout, naming the dead one. With 2
+  processes, the same command then resumes from the last checkpoint and
+  reaches step 10 with the parameters of the uninterrupted run."""
+  rng = np.random.default_rng()
+  step, victim = int(rng.integers(3, 7)), int(rng.integers(1, count))
   workdir = tmp_path / 'run'
+  # warmup_rsqrt does not depend on num_steps: the first 10 steps are those
+  # of `two_processes`.
   command = [*TRAIN, '--workdir', str(workdir),
              '--config.train.num_steps=100000', *QUICK,
-             f'--config.distributed.heartbeat_timeout={heartbeat}']
-  logs = [open(tmp_path / f'process{i}.log', 'w') for i in range(2)]
-  processes = [
-      subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT,
-                       env=process_env(port, i))
-      for i, log in enumerate(logs)]
+             '--config.checkpoint.every=2', *shared_tokenizer(one_process),
+             f'--config.distributed.heartbeat_timeout={HEARTBEAT}']
+  processes, logs = run_processes(command, tmp_path, count, 4 // count)
   try:
-    wait_for_first_step(workdir, processes, RUN_TIMEOUT)
-    processes[1].send_signal(signal.SIGKILL)
-    killed = time.monotonic()
-    processes[0].wait(timeout=heartbeat + 120)
-    seconds = time.monotonic() - killed
+    seconds = kill_one_and_time_the_others(workdir, processes, logs, step,
+                                           victim, HEARTBEAT + 60)
   finally:
-    for process in processes:
-      if process.poll() is None:
-        process.kill()
-      process.wait()
-    for log in logs:
-      log.close()
-  survivor_log = (tmp_path / 'process0.log').read_text()
-  assert processes[0].returncode != 0
-  assert seconds < heartbeat + 30, survivor_log[-3000:]
-  assert 'heartbeat' in survivor_log, survivor_log[-3000:]
+    end_all(processes)
+  print(f'{count} processes, process {victim} killed after step {step}: the '
+        f'others exited after {seconds} s')
+  for i, log in enumerate(logs):
+    if i == victim:
+      continue
+    output = log.read_text()
+    assert processes[i].returncode != 0, output[-3000:]
+    assert seconds[i] < HEARTBEAT + 30, output[-3000:]
+    # When the runtime sees the death at once (a dropped connection), its
+    # own fatal log ends the others within a second, before any beat is
+    # missed; else they wait for the heartbeat and name the dead one.
+    if seconds[i] > 0.4 * HEARTBEAT + 2:
+      assert f'jaxformer: process {victim} of {count} stopped responding' in (
+          output), output[-3000:]
+  if count != 2:
+    return
+  saved = max(int(p.name) for p in (workdir / 'checkpoints').iterdir()
+              if p.name.isdigit())
+  assert 2 <= saved < 10  # The save of a later step may not have committed.
+  output = train(workdir, 2, 2, 10, *shared_tokenizer(one_process))
+  assert f'Resuming from the checkpoint of step {saved}' in output
+  resumed, uninterrupted = train_losses(workdir), train_losses(two_processes)
+  for s in range(saved + 1, 11):
+    assert resumed[s] == uninterrupted[s], s
+  from jaxformer import trained as trained_lib
+  for a, b in zip(
+      jax.tree.leaves(trained_lib.load(str(workdir), 10).params),
+      jax.tree.leaves(trained_lib.load(str(two_processes), 10).params)):
+    np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
 
 
 @pytest.mark.slow
-def test_sigterm_to_one_process_stops_all_at_the_same_saved_step(tmp_path):
+@pytest.mark.parametrize('count', [1, 2])
+def test_sigterm_to_one_process_stops_all_at_the_same_saved_step(tmp_path,
+                                                                 count):
   """A preemption notice reaches one process; JAX's preemption service picks
-  a step at which both save and exit 0, with no step logged between."""
-  port = free_port()
+  a step at which all save and exit 0, with no step logged between. With
+  one process the runtime is up too (as on a single-host TPU VM), so
+  SIGTERM is JAX's, not the Python handler's."""
   workdir = tmp_path / 'run'
   command = [*TRAIN, '--workdir', str(workdir),
              '--config.train.num_steps=100000', *QUICK,
              '--config.train.log_every=1000',
              '--config.checkpoint.every=100000']
-  logs = [tmp_path / f'process{i}.log' for i in range(2)]
-  outputs = [open(log, 'w') for log in logs]
-  processes = [
-      subprocess.Popen(command, stdout=out, stderr=subprocess.STDOUT,
-                       env=process_env(port, i))
-      for i, out in enumerate(outputs)]
+  processes, logs = run_processes(command, tmp_path, count)
   try:
     deadline = time.monotonic() + RUN_TIMEOUT
     while 'Training steps' not in logs[0].read_text():
@@ -411,17 +493,13 @@ def test_sigterm_to_one_process_stops_all_at_the_same_saved_step(tmp_path):
       assert time.monotonic() < deadline, 'training did not start'
       time.sleep(0.1)
     time.sleep(5)
-    processes[1].send_signal(signal.SIGTERM)
+    processes[-1].send_signal(signal.SIGTERM)
     codes = [p.wait(timeout=300) for p in processes]
   finally:
-    for process in processes:
-      if process.poll() is None:
-        process.kill()
-        process.wait()
-    for out in outputs:
-      out.close()
+    end_all(processes)
   output = logs[0].read_text()
-  assert codes == [0, 0], output[-3000:] + logs[1].read_text()[-3000:]
+  assert codes == [0] * count, output[-3000:] + logs[-1].read_text()[-3000:]
+  assert f'as process 0 of {count}' in output
   marker = 'Preemption notice (SIGTERM) received: saved the checkpoint of step '
   assert marker in output, output[-3000:]
   step = int(output.split(marker)[1].split()[0])
@@ -429,3 +507,82 @@ def test_sigterm_to_one_process_stops_all_at_the_same_saved_step(tmp_path):
                  if p.name.isdigit())
   assert saved == [step]
   assert [r['step'] for r in read_metrics(workdir)] == [step]
+
+
+def link_view(source: pathlib.Path, view: pathlib.Path) -> None:
+  """`view`: a directory whose entries are symbolic links to those of
+  `source` (files written into `source` later show through the links)."""
+  view.mkdir()
+  for entry in source.iterdir():
+    (view / entry.name).symlink_to(entry)
+
+
+@pytest.mark.slow
+def test_hosts_restore_the_newest_step_that_every_host_can_read(
+    tmp_path, one_process, two_processes):
+  """Process 1 sees the run through another view of the storage, in which
+  step 10 is a damaged copy (as a host's stale or corrupted cache would
+  show it); process 0 reads step 10 intact. Both resume from step 5, and
+  process 0 alone moves step 10 aside, after both agreed."""
+  shared = shutil.copytree(two_processes, tmp_path / 'shared')
+  view = tmp_path / 'view_of_process_1'
+  (shared / hosts.PROBE).write_text('')  # Process 0 rewrites it.
+  link_view(shared, view)
+  (view / 'checkpoints').unlink()
+  link_view(shared / 'checkpoints', view / 'checkpoints')
+  (view / 'checkpoints' / '10').unlink()
+  damaged = shutil.copytree(shared / 'checkpoints' / '10',
+                            view / 'checkpoints' / '10')
+  manifest = damaged / 'state' / 'manifest.ocdbt'
+  os.truncate(manifest, manifest.stat().st_size // 2)
+  command = [*TRAIN, *QUICK, '--config.train.num_steps=5',
+             *shared_tokenizer(one_process)]
+  processes, logs = run_processes(
+      [[*command, '--workdir', str(workdir)] for workdir in (shared, view)],
+      tmp_path, 2)
+  try:
+    codes = [p.wait(timeout=RUN_TIMEOUT) for p in processes]
+  finally:
+    end_all(processes)
+  first, second = (log.read_text() for log in logs)
+  assert codes == [0, 0], first[-3000:] + second[-3000:]
+  assert (f'{damaged} cannot be restored' in second
+          and 'trying the one before' in second), second[-3000:]
+  assert ('10 cannot be restored (process 1 cannot read it' in first
+          and 'Resuming from the checkpoint of step 5' in first), first[-3000:]
+  moved, kept = sorted(os.listdir(shared / 'checkpoints'))
+  assert moved.startswith('10.damaged-') and kept == '5'
+  assert sorted(os.listdir(view / 'checkpoints')) == ['10', '5']
+
+
+@pytest.mark.slow
+def test_hosts_with_different_workdirs_fail_in_seconds_naming_it(tmp_path):
+  """Before this check, process 1 waited up to an hour for a tokenizer that
+  process 0 wrote elsewhere."""
+  workdirs = [tmp_path / 'host0', tmp_path / 'host1']
+  processes, logs = run_processes(
+      [[*TRAIN, *QUICK, '--workdir', str(w)] for w in workdirs], tmp_path, 2)
+  try:
+    joined = None
+    while joined is None or any(p.poll() is None for p in processes):
+      if joined is None and all('joining the distributed runtime' in
+                                log.read_text() for log in logs):
+        joined = time.monotonic()
+      assert joined is None or time.monotonic() - joined < 60, (
+          'still running 60 s after joining')
+      assert all(p.poll() is None for p in processes) or joined, (
+          logs[0].read_text())
+      time.sleep(0.1)
+    seconds = time.monotonic() - joined
+  finally:
+    end_all(processes)
+  for process, log in zip(processes, logs):
+    output = log.read_text()
+    assert process.returncode != 0, output[-3000:]
+    line = f'jaxformer train: error: The workdir {workdirs[1]} must be shared'
+    if log == logs[0]:
+      line = line.replace('host1', 'host0')
+    assert line in output, output[-3000:]
+    assert ('process 1 does not see the probe file process 0 wrote there'
+            in output), output[-3000:]
+  print(f'both processes exited {seconds:.1f} s after joining the runtime')

@@ -24,7 +24,10 @@ tokenizer give another key, so a stale cache is never read.
 
 Process 0 writes the cache shard by shard as it reads the data (the corpus
 is never whole in memory; SentencePiece encodes each chunk with all cores);
-the other processes wait for the manifest.  Readers load the lengths of
+the other processes wait for the manifest.  In a multi-host run
+(`SharedCache`) every process uses process 0's key, so hosts holding their
+own copies of the data files (other paths or modification times) still
+read process 0's folder.  Readers load the lengths of
 all examples (4 bytes per example and side) and read token ids only for
 the examples they are asked for: memory-mapped when local, by ranged reads
 (concurrent, one per run of adjacent tokens) when remote.
@@ -39,7 +42,7 @@ import io
 import itertools
 import json
 import time
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 
 import ml_collections
 import numpy as np
@@ -246,6 +249,17 @@ def directory(data_config: ml_collections.ConfigDict, workdir: str | None
       paths.absolute(workdir), 'tokenizer', 'token_cache')
 
 
+@dataclasses.dataclass(frozen=True)
+class SharedCache:
+  """A cache directory shared by the processes of a multi-host run.
+
+  `agree(name, compute)` returns process 0's `compute()` on every process
+  (the others never call it: they need not hold the data files).
+  """
+  directory: str
+  agree: Callable[[str, Callable[[], str]], str]
+
+
 def _file_identity(path: str) -> list:
   try:
     return [paths.absolute(path), *paths.stat(path)]
@@ -327,12 +341,18 @@ _open_splits: collections.OrderedDict[tuple, TokenizedSplit] = (
 def tokenized_split(data_config: ml_collections.ConfigDict, split: str,
                     source_tok: tokenizer_lib.Tokenizer,
                     target_tok: tokenizer_lib.Tokenizer,
-                    cache_dir: str | None = None, *,
+                    cache_dir: str | SharedCache | None = None, *,
                     process_index: int = 0) -> TokenizedSplit:
   """A whole split, tokenised once: into `cache_dir` (written by process 0,
-  reused while its key matches) or, without one, in this process's memory.
-  The last few splits stay open per process."""
-  key = cache_key(data_config, split, source_tok, target_tok)
+  reused while its key matches; a `SharedCache`: under process 0's key) or,
+  without one, in this process's memory. The last few splits stay open per
+  process."""
+  compute_key = lambda: cache_key(data_config, split, source_tok, target_tok)
+  if isinstance(cache_dir, SharedCache):
+    key = cache_dir.agree(f'token_cache/{split}', compute_key)
+    cache_dir = cache_dir.directory
+  else:
+    key = compute_key()
   if (key, cache_dir) in _open_splits:
     _open_splits.move_to_end((key, cache_dir))
     return _open_splits[key, cache_dir]

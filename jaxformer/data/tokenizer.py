@@ -12,7 +12,9 @@ model.
 
 from __future__ import annotations
 
+import hashlib
 import io
+import json
 import os
 import time
 from collections.abc import Iterable, Iterator, Sequence
@@ -200,6 +202,24 @@ def _wait_for(path: str, timeout_seconds: float) -> None:
     time.sleep(_POLL_SECONDS)
 
 
+def _sha256_of(path: str) -> str:
+  return hashlib.sha256(paths.read_bytes(path)).hexdigest()
+
+
+def _check_same_as_process_0(path: str, expected: str, workdir: str) -> None:
+  try:
+    seen = _sha256_of(path)
+  except FileNotFoundError:
+    seen = None
+  if seen != expected:
+    raise sources.DataError(
+        f'{path}: ' + ('missing here' if seen is None else
+                       f'sha256 {seen[:12]} here') +
+        f', but process 0 wrote the tokenizer model with sha256 '
+        f'{expected[:12]}; the workdir {workdir} must be shared by all hosts '
+        '(a gs:// bucket or a shared file system)')
+
+
 def model_paths(data_config: ml_collections.ConfigDict, workdir: str) -> tuple[str, ...]:
   """Where a run keeps its tokenizer models: (joint,) or (source, target)."""
   names = ('joint',) if data_config.tokenizer.joint else ('source', 'target')
@@ -207,7 +227,8 @@ def model_paths(data_config: ml_collections.ConfigDict, workdir: str) -> tuple[s
 
 
 def get_or_train(data_config: ml_collections.ConfigDict, workdir: str, *,
-                 process_index: int | None = None) -> tuple[Tokenizer, Tokenizer]:
+                 process_index: int | None = None,
+                 agree=None) -> tuple[Tokenizer, Tokenizer]:
   """(source, target) tokenizers of a run: reused, copied, or trained.
 
   Order of preference: models already in `workdir/tokenizer/` (a resumed
@@ -215,7 +236,10 @@ def get_or_train(data_config: ml_collections.ConfigDict, workdir: str, *,
   not joint), then a model trained on a sample of the train split.  For a
   joint model both returned tokenizers are the same object.  In multi-host
   runs `workdir` must be shared by all hosts (e.g. gs://): processes other
-  than 0 wait for process 0's files there.
+  than 0 wait for process 0's files there. With `agree(name, compute)`
+  (process 0's `compute()` on every process), they wait for process 0 to
+  publish the models' sha256, then read the files at once and check that
+  they hold those bytes.
   """
   if process_index is None:
     import jax
@@ -224,9 +248,16 @@ def get_or_train(data_config: ml_collections.ConfigDict, workdir: str, *,
   models = model_paths(data_config, workdir)
   if process_index == 0 and not all(map(paths.exists, models)):
     _create_models(data_config, models)
+  expected = None
+  if agree is not None:
+    expected = json.loads(agree('tokenizer_sha256', lambda: json.dumps(
+        [_sha256_of(path) for path in models])))
   tokenizers = []
-  for path in models:
-    _wait_for(path, tok_config.get('wait_seconds', 3600))
+  for index, path in enumerate(models):
+    if expected is None:
+      _wait_for(path, tok_config.get('wait_seconds', 3600))
+    else:
+      _check_same_as_process_0(path, expected[index], workdir)
     tokenizers.append(load_tokenizer(path))
     _check_vocab_size(tokenizers[-1], path, tok_config.vocab_size)
   if tok_config.joint:

@@ -3,6 +3,7 @@
 Everything with side effects lives here: the workdir, tokenizers, the data
 stream, checkpoints, metrics, evaluation and signals.
 """
+import functools
 import signal
 import time
 
@@ -15,6 +16,7 @@ from jax.experimental import multihost_utils
 from jaxformer import checkpoint as checkpoint_lib
 from jaxformer import evaluate as evaluate_lib
 from jaxformer import host_plan
+from jaxformer import hosts
 from jaxformer import parallel
 from jaxformer import paths
 from jaxformer import trained as trained_lib
@@ -41,8 +43,9 @@ class StopRequested:
   checkpoint at the current step and exits cleanly.
 
   Enter it before the run's setup, so a signal then ends the run cleanly
-  too. With several processes, JAX's preemption service owns SIGTERM (it
-  replaces this handler when the distributed runtime starts) and picks one
+  too. Once the distributed runtime is up (with any process count, one
+  included, as on a single-host TPU VM), JAX's preemption service owns
+  SIGTERM (it replaces this handler when the runtime starts) and picks one
   step at which all processes stop, so all save the same step.
   """
 
@@ -53,7 +56,7 @@ class StopRequested:
 
   def __enter__(self):
     # Entered after the runtime started, SIGTERM stays with JAX's service.
-    ours = ((signal.SIGINT,) if jax.distributed.is_initialized()
+    ours = ((signal.SIGINT,) if parallel.runtime_started()
             else (signal.SIGTERM, signal.SIGINT))
     for sig in ours:
       self._previous[sig] = signal.signal(sig, self._handle)
@@ -69,11 +72,9 @@ class StopRequested:
 
   def at(self, step: int, checkpoints: checkpoint_lib.Checkpointer) -> bool:
     """Whether to save and stop after `step`; call once at every step."""
-    if jax.process_count() == 1:
-      return self.signal_name is not None
-    if checkpoints.reached_preemption(step):
+    if parallel.runtime_started() and checkpoints.reached_preemption(step):
       self.signal_name, self._agreed = 'Preemption notice (SIGTERM)', True
-    return self._agreed
+    return self._agreed or self.signalled()
 
   def signalled(self) -> bool:
     """Whether a signal came in this process (no cross-process agreement:
@@ -135,6 +136,9 @@ class Trainer:
     `jax.make_mesh` orders them)."""
     parallel.initialize_distributed(config.distributed)
     self.devices = devices
+    # Seconds, not the hour that the others would wait for process 0's files.
+    hosts.check_shared_workdir(workdir)
+    hosts.watch_peers(config.distributed.heartbeat_timeout)
     self.budget = budget_lib.Budget(config.train.max_minutes,
                                     sync_every=config.train.log_every)
     self.finished = False
@@ -150,8 +154,13 @@ class Trainer:
 
   def _set_up(self, config: ml_collections.ConfigDict) -> None:
     workdir = self.workdir
+    # Process 0's tokenizer hash and token-cache keys are every process's.
+    agree = (functools.partial(
+        hosts.from_process_0,
+        timeout_seconds=config.data.tokenizer.get('wait_seconds', 3600))
+             if jax.process_count() > 1 else None)
     self.source_tok, self.target_tok = tokenizer_lib.get_or_train(
-        config.data, workdir)
+        config.data, workdir, agree=agree)
     self.config = with_labels(
         with_vocabulary(config, self.source_tok, self.target_tok))
     self.checkpoints.check_compatible(self.config)
@@ -174,6 +183,8 @@ class Trainer:
     self._set_num_steps(self.config.train.num_steps)
     self.example_batch = self.task.example_batch(self.config)
     self.token_cache = token_cache_lib.directory(self.config.data, workdir)
+    if agree and self.token_cache:
+      self.token_cache = token_cache_lib.SharedCache(self.token_cache, agree)
     self._check_splits()
 
   def _check_splits(self) -> None:

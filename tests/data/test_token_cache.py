@@ -126,6 +126,33 @@ def test_other_processes_wait_for_process_0(tmp_path, tok):
       config, 'train', tok, tok, cache, process_index=1).num_examples == 120
 
 
+def test_every_host_reads_the_folder_of_process_0s_key(tmp_path, tok):
+  """A `SharedCache` takes the key that process 0 computed (sent through the
+  runtime's key-value store in a run, a dict here): a host whose copy of
+  the data has another path, or that has none, reads process 0's folder
+  instead of waiting for one that never comes."""
+  config = tsv_config(write_tsv(tmp_path / 'host0.tsv', PAIRS))
+  cache = str(tmp_path / 'cache')
+  sent = {}
+
+  def as_process_0(name, compute):
+    sent[name] = compute()
+    return sent[name]
+
+  token_cache.tokenized_split(config, 'train', tok, tok,
+                              token_cache.SharedCache(cache, as_process_0))
+  token_cache._open_splits.clear()
+  elsewhere = tsv_config(str(tmp_path / 'host1.tsv'))  # Not on this host.
+  with pytest.raises(sources.MissingFileError):
+    token_cache.cache_key(elsewhere, 'train', tok, tok)
+  examples = token_cache.tokenized_split(
+      elsewhere, 'train', tok, tok,
+      token_cache.SharedCache(cache, lambda name, compute: sent[name]),
+      process_index=1)
+  assert examples.num_examples == 120
+  assert folders(cache) == [f'train-{sent["token_cache/train"][:24]}']
+
+
 @pytest.mark.parametrize('batching', ['pack', 'bucket'])
 def test_batches_from_the_cache_equal_those_from_memory(tmp_path, tok, batching):
   config = tsv_config(write_tsv(tmp_path / 'train.tsv', PAIRS),

@@ -156,3 +156,34 @@ def test_other_processes_wait_for_process_zero(trained, tmp_path):
   waited, _ = tokenizer_lib.get_or_train(config, str(tmp_path), process_index=1)
   writer.join()
   assert waited.vocab_size == VOCAB_SIZE
+
+
+def test_other_hosts_take_process_0s_model_hash_and_check_their_files(
+    trained, tmp_path):
+  """With `agree` (the runtime's key-value store in a run, a dict here),
+  process 1 waits for process 0's sha256 instead of polling for files, and
+  a model of other bytes (a host's stale copy) names the workdir."""
+  _, prefix = trained
+  config = small_config()
+  config.source = 'tsv'  # The given model needs no training data.
+  config.tokenizer.model_path = prefix + '.model'
+  shared, sent = tmp_path / 'shared', {}
+
+  def as_process_0(name, compute):
+    sent[name] = compute()
+    return sent[name]
+
+  made, _ = tokenizer_lib.get_or_train(config, str(shared), process_index=0,
+                                       agree=as_process_0)
+  as_process_1 = lambda name, compute: sent[name]
+  read, _ = tokenizer_lib.get_or_train(config, str(shared), process_index=1,
+                                       agree=as_process_1)
+  assert read.serialized_model_proto() == made.serialized_model_proto()
+  stale = tmp_path / 'stale'
+  (stale / 'tokenizer').mkdir(parents=True)
+  (stale / 'tokenizer' / 'joint.model').write_bytes(
+      (shared / 'tokenizer' / 'joint.model').read_bytes() + b'\0')
+  with pytest.raises(DataError, match=f'process 0 wrote the tokenizer model '
+                     f'.*the workdir {stale} must be shared by all hosts'):
+    tokenizer_lib.get_or_train(config, str(stale), process_index=1,
+                               agree=as_process_1)
