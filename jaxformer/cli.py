@@ -250,11 +250,10 @@ def cmd_attention(args, overrides) -> int:
 
 def cmd_curves(args, overrides) -> int:
   from jaxformer import plots
-  from jaxformer.train.metrics import read_metrics
-  path = paths.join(args.workdir, 'metrics.jsonl')
-  if not paths.exists(path):
-    raise FileNotFoundError(f'{path} does not exist; is {args.workdir} a '
-                            'training workdir?')
+  from jaxformer.train.metrics import has_metrics, metrics_path, read_metrics
+  if not has_metrics(args.workdir):
+    raise FileNotFoundError(f'{metrics_path(args.workdir)} does not exist; is '
+                            f'{args.workdir} a training workdir?')
   plots.training_curves(read_metrics(args.workdir), args.out)
   print(f'wrote {args.out}')
   return 0
