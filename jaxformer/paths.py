@@ -133,19 +133,6 @@ def stat(path: str | os.PathLike) -> tuple[int, int]:
   return result.length, result.mtime
 
 
-def read_ranges(path: str | os.PathLike, starts, ends) -> list[bytes]:
-  """Bytes [start, end) of a file for each pair of `starts` and `ends`; a
-  remote file's ranges are fetched concurrently (fsspec's cat_ranges)."""
-  path = os.fspath(path)
-  if not is_remote(path):
-    with open(path, 'rb') as f:
-      return [os.pread(f.fileno(), int(end) - int(start), int(start))
-              for start, end in zip(starts, ends)]
-  filesystem, name = fsspec.core.url_to_fs(path)
-  return filesystem.cat_ranges([name] * len(starts), [int(s) for s in starts],
-                               [int(e) for e in ends])
-
-
 def copy_to_local(path: str | os.PathLike, local: str) -> None:
   """Copies the file `path` to the local file `local` (a remote file in one
   streamed download); `local` appears whole or not at all."""

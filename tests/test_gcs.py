@@ -13,6 +13,7 @@ import subprocess
 import sys
 import time
 
+import gcs_emulator as emulator
 import numpy as np
 import pytest
 
@@ -119,8 +120,9 @@ def local_reference(tmp_path_factory, environment):
 # ----------------------------------------------------------- the path layer
 
 
-def test_local_and_remote_files_read_back_what_was_written(tmp_path,
-                                                           gcs_emulator):
+def test_local_and_remote_files_read_back_what_was_written(
+    tmp_path, gcs_emulator, monkeypatch):
+  monkeypatch.setattr(paths, 'PART_RECORDS', 2)
   for directory in (str(tmp_path / 'local'), 'gs://test-bucket/paths'):
     target = paths.join(directory, 'a', 'b.txt')
     paths.write_text(target, 'first')
@@ -134,12 +136,15 @@ def test_local_and_remote_files_read_back_what_was_written(tmp_path,
     appended.append(b'2\n')
     appended.close()
     paths.AppendableFile(paths.join(directory, 'log')).append(b'3\n')
-    assert paths.read_bytes(paths.join(directory, 'log')) == b'1\n2\n3\n'
+    assert paths.read_appended(paths.join(directory, 'log')) == b'1\n2\n3\n'
   assert paths.stat('gs://test-bucket/paths/a/b.txt')[0] == len('second')
+  # Remote: one part per writer and PART_RECORDS appends, in order.
+  assert [name for name in paths.list_dir('gs://test-bucket/paths')
+          if name.startswith('log')] == ['log.00000', 'log.00001']
   no_gs_folder(tmp_path, os.getcwd())
 
 
-def test_a_token_cache_on_gs_is_written_once_and_read_by_ranges(
+def test_a_token_cache_on_gs_is_written_once_and_read_from_a_local_copy(
     tmp_path, gcs_emulator, monkeypatch):
   from jaxformer.data import builtin, pipeline, sources, token_cache
   from jaxformer.data import tokenizer as tokenizer_lib
@@ -154,6 +159,8 @@ def test_a_token_cache_on_gs_is_written_once_and_read_by_ranges(
   tok = tokenizer_lib.train_tokenizer([t for p in pairs for t in p],
                                       str(tmp_path / 'joint'), config.tokenizer)
   monkeypatch.setattr(token_cache, 'SHARD_EXAMPLES', 25)
+  local = tmp_path / 'host_cache'
+  monkeypatch.setenv('JAXFORMER_TOKEN_CACHE_LOCAL', str(local))
   cache = 'gs://test-bucket/cache-run/tokenizer/token_cache'
   in_memory = token_cache.tokenized_split(config, 'train', tok, tok)
   expected = next(pipeline.translation_train_batches(config, tok, tok))
@@ -164,11 +171,19 @@ def test_a_token_cache_on_gs_is_written_once_and_read_by_ranges(
   assert 'manifest.json' in paths.list_dir(paths.join(cache, folder))
   token_cache._open_splits.clear()
   monkeypatch.setattr(sources, 'iter_split', lambda *a: pytest.fail('read'))
+  port = int(gcs_emulator['STORAGE_EMULATOR_HOST'].rsplit(':', 1)[1])
+  before = emulator.stats(port)['requests']
   remote = token_cache.tokenized_split(config, 'train', tok, tok, cache)
-  assert isinstance(remote.source.shards[0], token_cache.RemoteNpy)
+  # The manifest, then each of the 3 shards' 4 files in one download.
+  assert emulator.stats(port)['requests'] - before <= 1 + 3 * 4
+  assert sorted(os.listdir(local / folder)) == sorted(
+      f'{n:05d}.{side}{part}.npy' for n in range(3)
+      for side in ('source', 'target') for part in ('', '_lengths'))
+  before = emulator.stats(port)['requests']
   rows = np.array([24, 25, 59, 0, 24])
   for got, want in zip(remote.gather(rows, 5, 40), in_memory.gather(rows, 5, 40)):
     np.testing.assert_array_equal(got, want)
+  assert emulator.stats(port)['requests'] == before  # Examples are local.
   batch = next(pipeline.translation_train_batches(config, tok, tok,
                                                   token_cache=cache))
   for key in expected:
