@@ -24,9 +24,12 @@ later run on the same data pays.
 With a gs:// --workdir (the TSV, tokenizer and token cache all in the
 bucket, as on a pod), each restart also prints the storage requests it
 made: at start-up (up to its first batch) and per batch of one process
-(= per host and step), as the GCS emulator counted them. --emulator starts
-one (tests/gcs_emulator.py, in memory, holding the workdir's bucket);
-without it, STORAGE_EMULATOR_HOST must name a running one.
+(= per host and step), as the GCS emulator counted them, and the bytes it
+copied to local disk (data/token_cache.py copies a remote cache once per
+host, into a scratch folder here: the first restart makes the copy, the
+later ones find it). --emulator starts one (tests/gcs_emulator.py, in
+memory, holding the workdir's bucket); without it, STORAGE_EMULATOR_HOST
+must name a running one.
 
 Peak memory is ru_maxrss of the process (it includes the memory-mapped
 token pages it touched).  Other work on the machine slows every phase:
@@ -40,6 +43,7 @@ README's figures were taken with nothing else running.
 import argparse
 import json
 import os
+import pathlib
 import resource
 import subprocess
 import sys
@@ -163,9 +167,11 @@ def phase_restart(tsv: str, workdir: str, resume_step: int, batches: int,
   stream = pipeline.translation_train_batches(
       config, tok, tok, start_step=resume_step, process_index=process_index,
       process_count=process_count, token_cache=cache)
-  first = next(stream)
+  copied = local_bytes()
+  next(stream)
   result['first_batch_seconds'] = time.perf_counter() - start
   result['startup_requests'] = requests_served() - requests
+  result['copied_bytes'] = local_bytes() - copied
   requests = requests_served()
   examples = 0
   start = time.perf_counter()
@@ -188,6 +194,14 @@ def remove(path: str) -> None:
     filesystem.rm(name)
   else:
     os.remove(path)
+
+
+def local_bytes() -> int:
+  """Bytes in the host's copies of remote token caches."""
+  from jaxformer.data import token_cache
+  return sum(entry.stat().st_size for folder, _, names in
+             os.walk(token_cache.local_root()) for entry in
+             map(lambda name, folder=folder: pathlib.Path(folder, name), names))
 
 
 def in_subprocess(*arguments: str) -> subprocess.Popen:
@@ -251,6 +265,8 @@ def run(args) -> None:
              '--emulator, or set STORAGE_EMULATOR_HOST to a running one')
   with tempfile.TemporaryDirectory() as scratch:
     workdir = args.workdir or scratch
+    os.environ.setdefault('JAXFORMER_TOKEN_CACHE_LOCAL',
+                          os.path.join(scratch, 'host_token_cache'))
     paths.make_dirs(workdir)
     tsv = paths.join(workdir, 'train.tsv')
     if paths.exists(tsv):
@@ -293,8 +309,9 @@ def run(args) -> None:
               f'{r["peak_gib"]:.2f} GiB')
         if remote:
           print(f'  storage requests{" (all processes)" * (count > 1)}: '
-                f'{r["startup_requests"]:,} up to the first batch, then '
-                f'{r["requests_per_batch"]:.1f} per batch '
+                f'{r["startup_requests"]:,} up to the first batch '
+                f'(copied {r["copied_bytes"] / 2**20:.1f} MiB to local '
+                f'disk), then {r["requests_per_batch"]:.1f} per batch '
                 f'({r["examples_per_batch"]:.0f} examples a batch)')
     print('(measured on a shared machine: the speeds are lower bounds, the '
           'times upper bounds, of what an idle one does)')

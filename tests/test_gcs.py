@@ -15,6 +15,7 @@ import time
 
 import gcs_emulator as emulator
 import numpy as np
+import plain_install
 import pytest
 
 from jaxformer import cli
@@ -101,7 +102,7 @@ def committed_steps(workdir: str) -> list[int]:
 @pytest.fixture(scope='module')
 def environment(tmp_path_factory, gcs_emulator):
   cache = tmp_path_factory.mktemp('compilation_cache')
-  return dict(os.environ, **gcs_emulator,
+  return dict(plain_install.environment(os.environ), **gcs_emulator,
               XLA_FLAGS='--xla_force_host_platform_device_count=2',
               JAX_COMPILATION_CACHE_DIR=str(cache),
               JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS='0',
@@ -235,6 +236,51 @@ def test_a_missing_bucket_fails_before_training_naming_it(tmp_path,
   assert 'Check that the bucket gs://no-such-bucket exists' in result.stderr
   assert 'step' not in result.stdout
   no_gs_folder(tmp_path)
+
+
+PLAIN_INSTALL_CHILD = """
+import importlib, os, sys
+import numpy as np
+for name in ('pytest', 'gcp_storage_emulator'):
+  try:
+    importlib.import_module(name)
+    sys.exit(f'{name} is importable: the test extra is not hidden')
+  except ModuleNotFoundError:
+    pass
+from jaxformer import paths
+from jaxformer.data import token_cache
+root = 'gs://test-bucket/plain-install'
+paths.write_text(paths.join(root, 'a.txt'), 'written')
+assert paths.read_text(paths.join(root, 'a.txt')) == 'written'
+log = paths.AppendableFile(paths.join(root, 'log'))
+log.append(b'1'); log.append(b'2')
+assert paths.read_appended(paths.join(root, 'log')) == b'12'
+tokens = np.arange(2, 12, dtype=np.uint16)
+lengths = np.array([3, 7], np.int32)
+shard = dict(source=tokens, source_lengths=lengths, target=tokens[::-1].copy(),
+             target_lengths=lengths[::-1].copy())
+token_cache.write(paths.join(root, 'cache'), [shard], key='k')
+split = token_cache.read(paths.join(root, 'cache'))
+got, splits, _, _ = split.gather(np.array([1, 0]))
+assert got.tolist() == [5, 6, 7, 8, 9, 10, 11, 2, 3, 4], got
+assert sorted(paths.list_dir(root)) == ['a.txt', 'cache', 'log.00000']
+print('plain install ok')
+"""
+
+
+def test_a_plain_install_reads_and_writes_gs_paths(tmp_path, gcs_emulator):
+  """gs:// through the path layer (files, appended files, a token cache) in
+  a process that sees only what `pip install .` installs, and only the
+  emulator's address: pyproject's core dependencies must bring gcsfs."""
+  env = plain_install.environment(os.environ)
+  env.pop('EPATH_USE_TF', None)
+  env.update(gcs_emulator, JAXFORMER_TOKEN_CACHE_LOCAL=str(tmp_path / 'local'))
+  result = subprocess.run([sys.executable, '-c', PLAIN_INSTALL_CHILD],
+                          capture_output=True, text=True, cwd=tmp_path,
+                          env=env, timeout=TIMEOUT)
+  assert result.returncode == 0, result.stderr[-4000:]
+  assert 'plain install ok' in result.stdout
+  assert result.stderr == ''  # No gcsfs warning either.
 
 
 # ------------------------------------------------ training and the commands
