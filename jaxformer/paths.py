@@ -38,6 +38,13 @@ class StorageError(OSError):
   """A path that cannot be read or written as asked; says which and why."""
 
 
+def is_storage_error(error: BaseException) -> bool:
+  """An OSError, or an error of the cloud storage clients (gcsfs's HTTP
+  errors and aiohttp's are not all OSErrors)."""
+  return isinstance(error, OSError) or type(error).__module__.partition('.')[
+      0] in ('gcsfs', 'aiohttp', 'fsspec', 'google')
+
+
 def is_remote(path: str | os.PathLike) -> bool:
   return '://' in os.fspath(path)
 

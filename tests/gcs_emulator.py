@@ -9,9 +9,10 @@ Two additions for the tests and benchmarks, outside the GCS API's paths:
 `GET /_emulator/stats` answers {"requests": N, "bytes_received": B}, what
 it served since it started (the stats requests not counted), so a test can
 measure how many requests (and upload bytes) a client makes; `POST
-/_emulator/reject_writes` makes every later upload, copy or delete fail
-with 403 Forbidden, as a bucket that lost its write permission does
-(`stats` and `reject_writes` below).
+/_emulator/reject_writes?containing=TEXT` makes every later upload, copy
+or delete whose URL (decoded) contains TEXT fail with 403 Forbidden, as a
+bucket that lost its write permission does (`stats` and `reject_writes`
+below).
 
 One fix to the emulator: a download answers with the object's generation
 in `x-goog-generation` (and `x-goog-metageneration`), as GCS does. TensorStore
@@ -24,6 +25,7 @@ import os
 import signal
 import sys
 import threading
+import urllib.parse
 import urllib.request
 
 _CONTROL = '/_emulator/'
@@ -44,10 +46,12 @@ def stats(port: int) -> dict[str, int]:
     return json.loads(response.read())
 
 
-def reject_writes(port: int) -> None:
-  """From now on, the emulator at `port` refuses every write (403)."""
+def reject_writes(port: int, containing: str = '') -> None:
+  """From now on, the emulator at `port` refuses every write (403) whose
+  URL contains `containing` (e.g. an object's folder)."""
+  query = urllib.parse.urlencode(dict(containing=containing))
   request = urllib.request.Request(
-      f'http://127.0.0.1:{port}{_CONTROL}reject_writes', method='POST')
+      f'http://127.0.0.1:{port}{_CONTROL}reject_writes?{query}', method='POST')
   urllib.request.urlopen(request, timeout=30).close()
 
 
@@ -56,7 +60,7 @@ class _Served:
   lock = threading.Lock()
   requests = 0
   bytes_received = 0
-  reject_writes = False
+  rejected = None  # text in the URLs of the writes to reject
 
 
 def _answer(handler, status: int, body: bytes) -> None:
@@ -72,16 +76,19 @@ def _counted(method: str, serve_request):
   when writes are rejected; the control paths answered here."""
   def handler(self):
     if self.path.startswith(_CONTROL):
+      control = urllib.parse.urlsplit(self.path)
       with _Served.lock:
-        if self.path == f'{_CONTROL}reject_writes':
-          _Served.reject_writes = True
+        if control.path == f'{_CONTROL}reject_writes':
+          _Served.rejected = urllib.parse.parse_qs(control.query).get(
+              'containing', [''])[0]
         body = json.dumps(dict(requests=_Served.requests,
                                bytes_received=_Served.bytes_received))
       return _answer(self, 200, body.encode())
     with _Served.lock:
       _Served.requests += 1
       _Served.bytes_received += int(self.headers.get('Content-Length') or 0)
-      refused = _Served.reject_writes and method != 'GET'
+      refused = (method != 'GET' and _Served.rejected is not None and
+                 _Served.rejected in urllib.parse.unquote(self.path))
     if refused:
       self.rfile.read(int(self.headers.get('Content-Length') or 0))
       return _answer(self, 403, json.dumps({'error': {

@@ -4,6 +4,7 @@ Training, resuming after SIGKILL, every command and a 2-process run read and
 write gs://test-bucket/... through the three standard variables only; no
 byte may land in a local folder named `gs:`.
 """
+import contextlib
 import json
 import os
 import pathlib
@@ -203,25 +204,53 @@ def test_a_token_cache_on_gs_is_written_once_and_read_from_a_local_copy(
 
 
 def test_metrics_and_tensorboard_events_are_readable_by_tensorflow(
-    tmp_path, gcs_emulator):
+    tmp_path, gcs_emulator, monkeypatch):
+  """Remote metrics are parts (2 appends each here) read as one stream; each
+  events part is a TFRecord file, which TensorBoard reads in name order."""
   import tensorflow as tf
+  monkeypatch.setattr(paths, 'PART_RECORDS', 2)
   workdir = 'gs://test-bucket/metrics'
   writer = MetricsWriter(workdir)
   writer.write(1, {'loss': np.float32(2.5), 'vector': np.ones(3)})
   writer.write(2, {'loss': 1.5}, prefix='eval_')
+  writer.write(3, {'loss': 0.5})
   writer.close()
-  assert read_metrics(workdir) == [{'step': 1, 'loss': 2.5},
-                                   {'step': 2, 'eval_loss': 1.5}]
-  (name,) = paths.list_dir(paths.join(workdir, 'tensorboard'))
-  local = tmp_path / name
-  local.write_bytes(paths.read_bytes(paths.join(workdir, 'tensorboard', name)))
-  events = [tf.compat.v1.Event.FromString(record.numpy()) for record in
-            tf.data.TFRecordDataset(str(local))]  # Checks every CRC.
-  assert events[0].file_version == 'brain.Event:2'
-  assert [(e.step, v.tag, v.simple_value) for e in events[1:]
-          for v in e.summary.value] == [(1, 'loss', 2.5), (2, 'eval_loss', 1.5)]
+  MetricsWriter(workdir).write(4, {'loss': 0.25})  # A restart: a new part.
+  assert read_metrics(workdir) == [
+      {'step': 1, 'loss': 2.5}, {'step': 2, 'eval_loss': 1.5},
+      {'step': 3, 'loss': 0.5}, {'step': 4, 'loss': 0.25}]
+  assert [name for name in paths.list_dir(workdir) if 'metrics' in name] == [
+      'metrics.jsonl.00000', 'metrics.jsonl.00001', 'metrics.jsonl.00002']
+  events = []
+  for name in paths.list_dir(paths.join(workdir, 'tensorboard')):
+    local = tmp_path / name
+    local.write_bytes(paths.read_bytes(paths.join(workdir, 'tensorboard', name)))
+    events += [tf.compat.v1.Event.FromString(record.numpy()) for record in
+               tf.data.TFRecordDataset(str(local))]  # Checks every CRC.
+  assert [e.file_version for e in events if e.file_version] == [
+      'brain.Event:2'] * 2
+  assert [(e.step, v.tag, v.simple_value) for e in events
+          for v in e.summary.value] == [(1, 'loss', 2.5), (2, 'eval_loss', 1.5),
+                                        (3, 'loss', 0.5), (4, 'loss', 0.25)]
   EventFile(str(tmp_path / 'tb')).close()  # Local: a file with its header.
   assert len(os.listdir(tmp_path / 'tb')) == 1
+
+
+def test_remote_metrics_write_bytes_linear_in_the_records(gcs_emulator):
+  """Appending 4x the records to gs:// metrics uploads ~4x the bytes (a
+  whole-file rewrite per record would upload ~16x)."""
+  port = int(gcs_emulator['STORAGE_EMULATOR_HOST'].rsplit(':', 1)[1])
+
+  def uploaded(records: int) -> int:
+    before = emulator.stats(port)['bytes_received']
+    writer = MetricsWriter(f'gs://test-bucket/linear-{records}')
+    for step in range(records):
+      writer.write(step, {'loss': 1.0 / (step + 1), 'learning_rate': 1e-3})
+    writer.close()
+    return emulator.stats(port)['bytes_received'] - before
+
+  few, many = uploaded(paths.PART_RECORDS), uploaded(4 * paths.PART_RECORDS)
+  assert 3.5 < many / few < 5, (few, many)
 
 
 def test_a_missing_bucket_fails_before_training_naming_it(tmp_path,
@@ -312,8 +341,8 @@ def test_a_gs_workdir_resumes_exactly_after_sigkill_and_serves_the_commands(
       between(expected, restored + 1, NUM_STEPS))
   assert committed_steps(workdir) == [30, 40]
   names = paths.list_dir(workdir)
-  for name in ('checkpoints', 'config.json', 'metrics.jsonl', 'tensorboard',
-               'tokenizer'):
+  for name in ('checkpoints', 'config.json', 'metrics.jsonl.00000',
+               'metrics.jsonl.00001', 'tensorboard', 'tokenizer'):
     assert name in names, names
   assert paths.list_dir(paths.join(workdir, 'checkpoints', '40', 'state'))
 
@@ -390,3 +419,94 @@ def test_two_processes_train_into_one_gs_workdir_and_resume(tmp_path,
   steps = [r['step'] for r in read_metrics(workdir) if 'loss' in r]
   assert steps == list(range(1, 13))
   no_gs_folder(tmp_path)
+
+
+# ----------------------------------------------------------- storage faults
+
+EXIT_SECONDS = 180  # a fatal storage error must end the run this soon
+
+
+@contextlib.contextmanager
+def private_emulator():
+  """An emulator of gs://test-bucket for one test (which may kill it):
+  yields (its process, its port)."""
+  server = subprocess.Popen([sys.executable, emulator.__file__, 'test-bucket'],
+                            stdout=subprocess.PIPE, stderr=subprocess.DEVNULL,
+                            text=True)
+  try:
+    yield server, int(server.stdout.readline().strip().split('=')[1])
+  finally:
+    if server.poll() is None:
+      server.terminate()
+      server.wait(30)
+
+
+def assert_ends_with_one_error(runs, started: float, *expected: str) -> None:
+  """Every process of `runs` exits non-zero within EXIT_SECONDS of
+  `started`, process 0 with one error line (containing `expected`), and no
+  process prints a traceback or a storage client's log line."""
+  try:
+    for run in runs:
+      run.process.wait(max(started + EXIT_SECONDS - time.monotonic(), 1))
+  except subprocess.TimeoutExpired:
+    pytest.fail(f'still running {EXIT_SECONDS} s after the fault:\n'
+                + runs[0].output()[-3000:])
+  finally:
+    for run in runs:
+      if run.process.poll() is None:
+        run.process.kill()
+  for run in runs:
+    assert run.process.returncode != 0, run.output()[-3000:]
+    output = run.output()
+    for noise in ('Traceback', 'gcsfs', 'out of retries', 'bucket type'):
+      assert noise not in output, output[-3000:]
+  errors = [line for line in runs[0].output().splitlines() if 'error' in line]
+  assert len(errors) == 1, runs[0].output()[-3000:]
+  assert errors[0].startswith('jaxformer train: error: '), errors
+  for text in expected:
+    assert text in errors[0], errors
+
+
+def start_runs(workdir, tmp_path, environment, port, processes=1):
+  """`processes` processes of one run on the emulator at `port`."""
+  variables = emulator.environment(port)
+  if processes > 1:
+    coordinator = f'127.0.0.1:{free_port()}'
+    return [Training(workdir, tmp_path / f'p{i}', environment,
+                     'train.num_steps=400', 'distributed.heartbeat_timeout=20',
+                     process_env=dict(variables,
+                                      JAX_COORDINATOR_ADDRESS=coordinator,
+                                      JAX_NUM_PROCESSES=str(processes),
+                                      JAX_PROCESS_ID=str(i)))
+            for i in range(processes)]
+  return [Training(workdir, tmp_path, environment, 'train.num_steps=400',
+                   process_env=variables)]
+
+
+def wait_for_step(run, step: int) -> None:
+  run.wait_until(lambda: f'step {step}/' in run.output(), f'step {step}')
+
+
+@pytest.mark.slow
+def test_storage_gone_mid_run_ends_the_run(tmp_path, environment):
+  with private_emulator() as (server, port):
+    (run,) = start_runs('gs://test-bucket/outage', tmp_path, environment, port)
+    wait_for_step(run, 12)  # The checkpoint of step 10 is written or on its way.
+    server.kill()
+    started = time.monotonic()
+    assert_ends_with_one_error([run], started)
+  print(f'exited {time.monotonic() - started:.0f} s after the emulator died')
+
+
+@pytest.mark.parametrize('processes', [1, 2])
+@pytest.mark.slow
+def test_a_failed_save_ends_the_run(tmp_path, environment, processes):
+  with private_emulator() as (server, port):
+    runs = start_runs(f'gs://test-bucket/read-only-{processes}', tmp_path,
+                      environment, port, processes)
+    wait_for_step(runs[0], 5)
+    emulator.reject_writes(port, containing='/checkpoints/')
+    started = time.monotonic()
+    assert_ends_with_one_error(runs, started, 'Writing the checkpoint of step')
+  print(f'{processes} process(es) exited {time.monotonic() - started:.0f} s '
+        'after writes were rejected')
