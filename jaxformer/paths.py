@@ -41,8 +41,9 @@ class StorageError(OSError):
 def is_storage_error(error: BaseException) -> bool:
   """An OSError, or an error of the cloud storage clients (gcsfs's HTTP
   errors and aiohttp's are not all OSErrors)."""
-  return isinstance(error, OSError) or type(error).__module__.partition('.')[
-      0] in ('gcsfs', 'aiohttp', 'fsspec', 'google')
+  return isinstance(error, OSError) or type(error).__module__.startswith(
+      ('gcsfs.', 'aiohttp.', 'fsspec.', 'google.api_core.', 'google.auth.',
+       'google.cloud.'))
 
 
 def is_remote(path: str | os.PathLike) -> bool:
