@@ -203,6 +203,7 @@ class Checkpointer:
     self.extra: dict = {}
     self._pending_step = None
     self._threads_before_save: set[int] = set()
+    self._save_failed_already = False
 
   @classmethod
   def reader(cls, workdir: str) -> 'Checkpointer':
@@ -273,6 +274,7 @@ class Checkpointer:
       self._pending_step = None
 
   def _save_failed(self, step, error: Exception) -> CheckpointError:
+    self._save_failed_already = True
     _wait_for_failed_writes(self.directory, self._threads_before_save)
     return CheckpointError(
         f'Writing the checkpoint of step {step} to {self.directory} failed '
@@ -460,9 +462,13 @@ class Checkpointer:
     and fail noisily at exit: Orbax waits for it only before a save)."""
     await_cleanup = getattr(self.manager, '_maybe_await_cleanup_tmp_directory',
                             None)
-    if await_cleanup is not None:
-      await_cleanup()
-    self.manager.close()
+    try:
+      if await_cleanup is not None:
+        await_cleanup()
+      self.manager.close()
+    except Exception:
+      if not self._save_failed_already:
+        raise  # Else Orbax raises the failure that was reported again.
 
 
 def _composite_checkpointer():

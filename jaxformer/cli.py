@@ -2,8 +2,10 @@
 predict, generate and compile."""
 import argparse
 import json
+import logging
 import os
 import sys
+import traceback
 
 from jaxformer import paths
 
@@ -250,11 +252,10 @@ def cmd_attention(args, overrides) -> int:
 
 def cmd_curves(args, overrides) -> int:
   from jaxformer import plots
-  from jaxformer.train.metrics import read_metrics
-  path = paths.join(args.workdir, 'metrics.jsonl')
-  if not paths.exists(path):
-    raise FileNotFoundError(f'{path} does not exist; is {args.workdir} a '
-                            'training workdir?')
+  from jaxformer.train.metrics import has_metrics, metrics_path, read_metrics
+  if not has_metrics(args.workdir):
+    raise FileNotFoundError(f'{metrics_path(args.workdir)} does not exist; is '
+                            f'{args.workdir} a training workdir?')
   plots.training_curves(read_metrics(args.workdir), args.out)
   print(f'wrote {args.out}')
   return 0
@@ -410,6 +411,16 @@ def build_parser() -> argparse.ArgumentParser:
   return parser
 
 
+def error_line(error: BaseException) -> str:
+  """One line saying what failed: jaxformer's own messages whole, another
+  library's storage error by its type and first line."""
+  if isinstance(error, (ValueError, RuntimeError, paths.StorageError,
+                        FileNotFoundError)):
+    return str(error)
+  lines = str(error).strip().splitlines() or ['']
+  return f'{type(error).__name__}: {lines[0][:300]}'
+
+
 def main(argv=None) -> int:
   argv = sys.argv[1:] if argv is None else list(argv)
   rest, overrides = _split_overrides(argv)
@@ -420,13 +431,78 @@ def main(argv=None) -> int:
     return 2
   try:
     return args.run(args, overrides)
-  except (ValueError, FileNotFoundError, RuntimeError,
-          paths.StorageError) as e:
-    if os.environ.get('JAXFORMER_DEBUG'):
+  except Exception as e:
+    if os.environ.get('JAXFORMER_DEBUG') or not (
+        isinstance(e, (ValueError, RuntimeError)) or paths.is_storage_error(e)):
       raise
-    print(f'jaxformer {args.command}: error: {e}', file=sys.stderr)
+    print(f'jaxformer {args.command}: error: {error_line(e)}', file=sys.stderr)
     return 1
 
 
+def exit_process(code: int) -> None:
+  """Ends the process with `code`; after a failure, at once.
+
+  An error can leave threads that would keep a failed run alive for many
+  minutes, or for good: an Orbax save still writing, TensorStore's and
+  gcsfs's retries against storage that is gone, the exit hooks that wait
+  for them (and for the other hosts). So once the error is printed and the
+  output flushed, a non-zero exit skips them (os._exit); the other hosts
+  of a multi-host run stop at their next collective or heartbeat."""
+  if code == 0:
+    sys.exit(0)
+  for stream in (sys.stdout, sys.stderr):
+    try:
+      stream.flush()
+    except (OSError, ValueError):  # A closed pipe: nothing more to say.
+      pass
+  os._exit(code)
+
+
+class _WithoutOrbaxErrors(logging.Filter):
+  """Drops Orbax's error logs (each with a traceback): the error they log
+  reaches the command, which reports it in one line."""
+
+  def filter(self, record: logging.LogRecord) -> bool:
+    if record.levelno < logging.ERROR:
+      return True
+    frame = sys._getframe(1)  # The logging call is below: who made it?
+    while frame is not None:
+      if f'{os.sep}orbax{os.sep}' in frame.f_code.co_filename:
+        return False
+      frame = frame.f_back
+    return True
+
+
+def _closed_loop_callbacks_ignored(report):
+  """sys.unraisablehook without the errors of the callbacks that
+  TensorStore's writes, still finishing after a failed save, send to the
+  event loop Orbax closed on the failure (a traceback each)."""
+  def hook(unraisable):
+    if (unraisable.exc_type is RuntimeError
+        and str(unraisable.exc_value) == 'Event loop is closed'):
+      return
+    report(unraisable)
+  return hook
+
+
+def run() -> None:
+  """The `jaxformer` program (pyproject's entry point): main, then
+  exit_process; an unexpected exception is printed with its traceback."""
+  if not os.environ.get('JAXFORMER_DEBUG'):
+    logging.getLogger('absl').addFilter(_WithoutOrbaxErrors())
+    sys.unraisablehook = _closed_loop_callbacks_ignored(sys.unraisablehook)
+  try:
+    code = main()
+  except SystemExit as e:  # argparse's usage errors, --help.
+    code = e.code if isinstance(e.code, int) else (e.code is not None)
+  except KeyboardInterrupt:
+    print('jaxformer: interrupted', file=sys.stderr)
+    code = 130
+  except BaseException:  # A bug: its traceback is the useful report.
+    traceback.print_exc()
+    code = 1
+  exit_process(code)
+
+
 if __name__ == '__main__':
-  sys.exit(main())
+  run()

@@ -2,21 +2,31 @@
 
 Everything jaxformer reads or writes goes through these helpers, which use
 `etils.epath` as Orbax does: a local path behaves as with `open` and `os`; a
-`gs://bucket/...` path goes through `tf.io.gfile`, or through fsspec/gcsfs
-when `EPATH_USE_TF=false` (which is how the tests reach a GCS emulator at
-`STORAGE_EMULATOR_HOST`). Cloud storage has objects, not directories: a
-remote "directory" exists once an object lies below it, and nothing here
-creates buckets.
+`gs://bucket/...` path goes through fsspec and gcsfs (a core dependency),
+here and in Orbax's epath alike: importing this module sets
+`EPATH_USE_TF=false` unless it is set, so that TensorFlow's GCS client is
+not a second way in (it also knows no emulator at `STORAGE_EMULATOR_HOST`).
+Cloud storage has objects, not directories: a remote "directory" exists
+once an object lies below it, and nothing here creates buckets.
+
+A failed remote request is an exception that the caller reports; gcsfs's
+own log lines (a warning per bucket it cannot classify, a traceback per
+request out of retries) are silenced unless JAXFORMER_DEBUG is set.
 """
 from __future__ import annotations
 
 import logging
 import os
+import re
 import time
 
 import fsspec
 import numpy as np
 from etils import epath
+
+os.environ.setdefault('EPATH_USE_TF', 'false')
+if not os.environ.get('JAXFORMER_DEBUG'):
+  logging.getLogger('gcsfs').setLevel(logging.CRITICAL)
 
 # Other processes write to the same bucket (the tokenizer, checkpoints,
 # Orbax's step markers): gcsfs must not answer from a listing it made before.
@@ -26,6 +36,14 @@ for _protocol in ('gs', 'gcs'):
 
 class StorageError(OSError):
   """A path that cannot be read or written as asked; says which and why."""
+
+
+def is_storage_error(error: BaseException) -> bool:
+  """An OSError, or an error of the cloud storage clients (gcsfs's HTTP
+  errors and aiohttp's are not all OSErrors)."""
+  return isinstance(error, OSError) or type(error).__module__.startswith(
+      ('gcsfs.', 'aiohttp.', 'fsspec.', 'google.api_core.', 'google.auth.',
+       'google.cloud.'))
 
 
 def is_remote(path: str | os.PathLike) -> bool:
@@ -123,17 +141,24 @@ def stat(path: str | os.PathLike) -> tuple[int, int]:
   return result.length, result.mtime
 
 
-def read_ranges(path: str | os.PathLike, starts, ends) -> list[bytes]:
-  """Bytes [start, end) of a file for each pair of `starts` and `ends`; a
-  remote file's ranges are fetched concurrently (fsspec's cat_ranges)."""
+def copy_to_local(path: str | os.PathLike, local: str) -> None:
+  """Copies the file `path` to the local file `local` (a remote file in one
+  streamed download); `local` appears whole or not at all."""
   path = os.fspath(path)
-  if not is_remote(path):
-    with open(path, 'rb') as f:
-      return [os.pread(f.fileno(), int(end) - int(start), int(start))
-              for start, end in zip(starts, ends)]
-  filesystem, name = fsspec.core.url_to_fs(path)
-  return filesystem.cat_ranges([name] * len(starts), [int(s) for s in starts],
-                               [int(e) for e in ends])
+  os.makedirs(os.path.dirname(local) or '.', exist_ok=True)
+  temporary = f'{local}.tmp-{os.getpid()}'
+  try:
+    if is_remote(path):
+      filesystem, name = fsspec.core.url_to_fs(path)
+      filesystem.get_file(name, temporary)
+    else:
+      with open(path, 'rb') as source, open(temporary, 'wb') as target:
+        while chunk := source.read(1 << 24):
+          target.write(chunk)
+    os.replace(temporary, local)
+  finally:
+    if os.path.exists(temporary):
+      os.remove(temporary)
 
 
 def memory_map_npy(path: str | os.PathLike):
@@ -145,17 +170,25 @@ def rename(source: str | os.PathLike, target: str | os.PathLike) -> None:
   epath.Path(source).rename(target)
 
 
-class AppendableFile:
-  """A file that grows by appends and is readable after each `append`.
+PART_RECORDS = 64  # appends per object of a remote appendable file
 
-  Local files are appended to. Object stores cannot append, so a remote file
-  is kept in memory (with what it held before) and rewritten as a whole."""
+
+class AppendableFile:
+  """A file that grows by appends and is readable after each `append`
+  (`read_appended`).
+
+  Local files are appended to. Object stores cannot append, so a remote
+  file is a series of objects `<path>.00000`, `<path>.00001`, ... read as
+  one stream in name order: each writer starts a new part after the last
+  one there, and rewrites its current part (at most PART_RECORDS appends)
+  at each append, so the bytes written grow linearly with what is
+  appended, and every append is durable once it returns."""
 
   def __init__(self, path: str | os.PathLike):
     self.path = os.fspath(path)
     if is_remote(self.path):
-      self._contents = bytearray(read_bytes(self.path) if exists(self.path)
-                                 else b'')
+      self._part = _next_part(self.path)
+      self._contents, self._appends = bytearray(), 0
       self._file = None
     else:
       make_dirs(parent(self.path))
@@ -165,13 +198,50 @@ class AppendableFile:
     if self._file is not None:
       self._file.write(data)
       self._file.flush()
-    else:
-      self._contents += data
-      epath.Path(self.path).write_bytes(bytes(self._contents))
+      return
+    if self._appends == PART_RECORDS:
+      self._part, self._contents, self._appends = self._part + 1, bytearray(), 0
+    self._contents += data
+    self._appends += 1
+    epath.Path(_part_name(self.path, self._part)).write_bytes(
+        bytes(self._contents))
 
   def close(self) -> None:
     if self._file is not None:
       self._file.close()
+
+
+def _part_name(path: str, number: int) -> str:
+  return f'{path}.{number:05d}'
+
+
+def _parts(path: str) -> list[str]:
+  """The parts of the appendable file `path`, in order."""
+  pattern = re.compile(re.escape(os.path.basename(path)) + r'\.(\d{5,})')
+  numbered = [(int(match.group(1)), name) for name in list_dir(parent(path))
+              if (match := pattern.fullmatch(name))]
+  return [join(parent(path), name) for _, name in sorted(numbered)]
+
+
+def _next_part(path: str) -> int:
+  parts = _parts(path)
+  return int(parts[-1].rsplit('.', 1)[1]) + 1 if parts else 0
+
+
+def appended_exists(path: str | os.PathLike) -> bool:
+  path = absolute(path)
+  return exists(path) or bool(_parts(path))
+
+
+def read_appended(path: str | os.PathLike) -> bytes:
+  """What was appended to `path` (an AppendableFile): the file itself,
+  then its remote parts. FileNotFoundError when there is neither."""
+  path = absolute(path)
+  pieces = [read_bytes(path)] if exists(path) else []
+  pieces += [read_bytes(part) for part in _parts(path)]
+  if not pieces:
+    raise FileNotFoundError(f'{path} does not exist')
+  return b''.join(pieces)
 
 
 def check_writable(directory: str | os.PathLike) -> None:
@@ -180,10 +250,6 @@ def check_writable(directory: str | os.PathLike) -> None:
   naming it. Raises StorageError."""
   directory = absolute(directory)
   probe = join(directory, f'.write_test_{os.getpid()}_{time.time_ns()}')
-  # gcsfs logs each failed request with a traceback; the error says it all.
-  client_log = logging.getLogger('gcsfs')
-  level = client_log.level
-  client_log.setLevel(logging.CRITICAL)
   try:
     make_dirs(directory)
     if is_remote(directory):
@@ -197,8 +263,6 @@ def check_writable(directory: str | os.PathLike) -> None:
     os.remove(probe)
   except Exception as e:  # gcsfs and TensorFlow raise many types.
     raise StorageError(_write_failure(directory, e)) from e
-  finally:
-    client_log.setLevel(level)
 
 
 def _write_failure(directory: str, error: Exception) -> str:

@@ -31,7 +31,7 @@ def tfds_scratch_in_tmp_path(tmp_path, monkeypatch):
 @pytest.fixture(scope='session')
 def gcs_emulator():
   """A GCS emulator on 127.0.0.1 holding the bucket gs://test-bucket
-  (tests/gcs_emulator.py). Yields the three variables that point the
+  (tests/gcs_emulator.py). Yields the variables that point the
   storage libraries at it; they are also set in this process meanwhile."""
   import logging
   import subprocess

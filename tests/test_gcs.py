@@ -4,6 +4,7 @@ Training, resuming after SIGKILL, every command and a 2-process run read and
 write gs://test-bucket/... through the three standard variables only; no
 byte may land in a local folder named `gs:`.
 """
+import contextlib
 import json
 import os
 import pathlib
@@ -13,7 +14,9 @@ import subprocess
 import sys
 import time
 
+import gcs_emulator as emulator
 import numpy as np
+import plain_install
 import pytest
 
 from jaxformer import cli
@@ -100,7 +103,7 @@ def committed_steps(workdir: str) -> list[int]:
 @pytest.fixture(scope='module')
 def environment(tmp_path_factory, gcs_emulator):
   cache = tmp_path_factory.mktemp('compilation_cache')
-  return dict(os.environ, **gcs_emulator,
+  return dict(plain_install.environment(os.environ), **gcs_emulator,
               XLA_FLAGS='--xla_force_host_platform_device_count=2',
               JAX_COMPILATION_CACHE_DIR=str(cache),
               JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS='0',
@@ -119,8 +122,9 @@ def local_reference(tmp_path_factory, environment):
 # ----------------------------------------------------------- the path layer
 
 
-def test_local_and_remote_files_read_back_what_was_written(tmp_path,
-                                                           gcs_emulator):
+def test_local_and_remote_files_read_back_what_was_written(
+    tmp_path, gcs_emulator, monkeypatch):
+  monkeypatch.setattr(paths, 'PART_RECORDS', 2)
   for directory in (str(tmp_path / 'local'), 'gs://test-bucket/paths'):
     target = paths.join(directory, 'a', 'b.txt')
     paths.write_text(target, 'first')
@@ -134,12 +138,15 @@ def test_local_and_remote_files_read_back_what_was_written(tmp_path,
     appended.append(b'2\n')
     appended.close()
     paths.AppendableFile(paths.join(directory, 'log')).append(b'3\n')
-    assert paths.read_bytes(paths.join(directory, 'log')) == b'1\n2\n3\n'
+    assert paths.read_appended(paths.join(directory, 'log')) == b'1\n2\n3\n'
   assert paths.stat('gs://test-bucket/paths/a/b.txt')[0] == len('second')
+  # Remote: one part per writer and PART_RECORDS appends, in order.
+  assert [name for name in paths.list_dir('gs://test-bucket/paths')
+          if name.startswith('log')] == ['log.00000', 'log.00001']
   no_gs_folder(tmp_path, os.getcwd())
 
 
-def test_a_token_cache_on_gs_is_written_once_and_read_by_ranges(
+def test_a_token_cache_on_gs_is_written_once_and_read_from_a_local_copy(
     tmp_path, gcs_emulator, monkeypatch):
   from jaxformer.data import builtin, pipeline, sources, token_cache
   from jaxformer.data import tokenizer as tokenizer_lib
@@ -154,6 +161,8 @@ def test_a_token_cache_on_gs_is_written_once_and_read_by_ranges(
   tok = tokenizer_lib.train_tokenizer([t for p in pairs for t in p],
                                       str(tmp_path / 'joint'), config.tokenizer)
   monkeypatch.setattr(token_cache, 'SHARD_EXAMPLES', 25)
+  local = tmp_path / 'host_cache'
+  monkeypatch.setenv('JAXFORMER_TOKEN_CACHE_LOCAL', str(local))
   cache = 'gs://test-bucket/cache-run/tokenizer/token_cache'
   in_memory = token_cache.tokenized_split(config, 'train', tok, tok)
   expected = next(pipeline.translation_train_batches(config, tok, tok))
@@ -164,11 +173,19 @@ def test_a_token_cache_on_gs_is_written_once_and_read_by_ranges(
   assert 'manifest.json' in paths.list_dir(paths.join(cache, folder))
   token_cache._open_splits.clear()
   monkeypatch.setattr(sources, 'iter_split', lambda *a: pytest.fail('read'))
+  port = int(gcs_emulator['STORAGE_EMULATOR_HOST'].rsplit(':', 1)[1])
+  before = emulator.stats(port)['requests']
   remote = token_cache.tokenized_split(config, 'train', tok, tok, cache)
-  assert isinstance(remote.source.shards[0], token_cache.RemoteNpy)
+  # The manifest, then each of the 3 shards' 4 files in one download.
+  assert emulator.stats(port)['requests'] - before <= 1 + 3 * 4
+  assert sorted(os.listdir(local / folder)) == sorted(
+      f'{n:05d}.{side}{part}.npy' for n in range(3)
+      for side in ('source', 'target') for part in ('', '_lengths'))
+  before = emulator.stats(port)['requests']
   rows = np.array([24, 25, 59, 0, 24])
   for got, want in zip(remote.gather(rows, 5, 40), in_memory.gather(rows, 5, 40)):
     np.testing.assert_array_equal(got, want)
+  assert emulator.stats(port)['requests'] == before  # Examples are local.
   batch = next(pipeline.translation_train_batches(config, tok, tok,
                                                   token_cache=cache))
   for key in expected:
@@ -187,25 +204,55 @@ def test_a_token_cache_on_gs_is_written_once_and_read_by_ranges(
 
 
 def test_metrics_and_tensorboard_events_are_readable_by_tensorflow(
-    tmp_path, gcs_emulator):
+    tmp_path, gcs_emulator, monkeypatch):
+  """Remote metrics are parts (2 appends each here) read as one stream; each
+  events part is a TFRecord file, which TensorBoard reads in name order."""
   import tensorflow as tf
+  monkeypatch.setattr(paths, 'PART_RECORDS', 2)
   workdir = 'gs://test-bucket/metrics'
   writer = MetricsWriter(workdir)
   writer.write(1, {'loss': np.float32(2.5), 'vector': np.ones(3)})
   writer.write(2, {'loss': 1.5}, prefix='eval_')
+  writer.write(3, {'loss': 0.5})
   writer.close()
-  assert read_metrics(workdir) == [{'step': 1, 'loss': 2.5},
-                                   {'step': 2, 'eval_loss': 1.5}]
-  (name,) = paths.list_dir(paths.join(workdir, 'tensorboard'))
-  local = tmp_path / name
-  local.write_bytes(paths.read_bytes(paths.join(workdir, 'tensorboard', name)))
-  events = [tf.compat.v1.Event.FromString(record.numpy()) for record in
-            tf.data.TFRecordDataset(str(local))]  # Checks every CRC.
-  assert events[0].file_version == 'brain.Event:2'
-  assert [(e.step, v.tag, v.simple_value) for e in events[1:]
-          for v in e.summary.value] == [(1, 'loss', 2.5), (2, 'eval_loss', 1.5)]
+  MetricsWriter(workdir).write(4, {'loss': 0.25})  # A restart: a new part.
+  assert read_metrics(workdir) == [
+      {'step': 1, 'loss': 2.5}, {'step': 2, 'eval_loss': 1.5},
+      {'step': 3, 'loss': 0.5}, {'step': 4, 'loss': 0.25}]
+  assert [name for name in paths.list_dir(workdir) if 'metrics' in name] == [
+      'metrics.jsonl.00000', 'metrics.jsonl.00001', 'metrics.jsonl.00002']
+  events = []
+  for name in paths.list_dir(paths.join(workdir, 'tensorboard')):
+    local = tmp_path / name
+    local.write_bytes(paths.read_bytes(paths.join(workdir, 'tensorboard', name)))
+    events += [tf.compat.v1.Event.FromString(record.numpy()) for record in
+               tf.data.TFRecordDataset(str(local))]  # Checks every CRC.
+  assert [e.file_version for e in events if e.file_version] == [
+      'brain.Event:2'] * 2
+  assert [(e.step, v.tag, v.simple_value) for e in events
+          for v in e.summary.value] == [(1, 'loss', 2.5), (2, 'eval_loss', 1.5),
+                                        (3, 'loss', 0.5), (4, 'loss', 0.25)]
   EventFile(str(tmp_path / 'tb')).close()  # Local: a file with its header.
   assert len(os.listdir(tmp_path / 'tb')) == 1
+
+
+def test_remote_metrics_write_bytes_linear_in_the_records(gcs_emulator,
+                                                          monkeypatch):
+  """Appending 4x the records to gs:// metrics uploads ~4x the bytes (a
+  whole-file rewrite per record would upload ~15x)."""
+  monkeypatch.setattr(paths, 'PART_RECORDS', 8)
+  port = int(gcs_emulator['STORAGE_EMULATOR_HOST'].rsplit(':', 1)[1])
+
+  def uploaded(records: int) -> int:
+    before = emulator.stats(port)['bytes_received']
+    writer = MetricsWriter(f'gs://test-bucket/linear-{records}')
+    for step in range(records):
+      writer.write(step, {'loss': 1.0 / (step + 1), 'learning_rate': 1e-3})
+    writer.close()
+    return emulator.stats(port)['bytes_received'] - before
+
+  few, many = uploaded(paths.PART_RECORDS), uploaded(4 * paths.PART_RECORDS)
+  assert 3.5 < many / few < 5, (few, many)
 
 
 def test_a_missing_bucket_fails_before_training_naming_it(tmp_path,
@@ -220,6 +267,51 @@ def test_a_missing_bucket_fails_before_training_naming_it(tmp_path,
   assert 'Check that the bucket gs://no-such-bucket exists' in result.stderr
   assert 'step' not in result.stdout
   no_gs_folder(tmp_path)
+
+
+PLAIN_INSTALL_CHILD = """
+import importlib, os, sys
+import numpy as np
+for name in ('pytest', 'gcp_storage_emulator'):
+  try:
+    importlib.import_module(name)
+    sys.exit(f'{name} is importable: the test extra is not hidden')
+  except ModuleNotFoundError:
+    pass
+from jaxformer import paths
+from jaxformer.data import token_cache
+root = 'gs://test-bucket/plain-install'
+paths.write_text(paths.join(root, 'a.txt'), 'written')
+assert paths.read_text(paths.join(root, 'a.txt')) == 'written'
+log = paths.AppendableFile(paths.join(root, 'log'))
+log.append(b'1'); log.append(b'2')
+assert paths.read_appended(paths.join(root, 'log')) == b'12'
+tokens = np.arange(2, 12, dtype=np.uint16)
+lengths = np.array([3, 7], np.int32)
+shard = dict(source=tokens, source_lengths=lengths, target=tokens[::-1].copy(),
+             target_lengths=lengths[::-1].copy())
+token_cache.write(paths.join(root, 'cache'), [shard], key='k')
+split = token_cache.read(paths.join(root, 'cache'))
+got, splits, _, _ = split.gather(np.array([1, 0]))
+assert got.tolist() == [5, 6, 7, 8, 9, 10, 11, 2, 3, 4], got
+assert sorted(paths.list_dir(root)) == ['a.txt', 'cache', 'log.00000']
+print('plain install ok')
+"""
+
+
+def test_a_plain_install_reads_and_writes_gs_paths(tmp_path, gcs_emulator):
+  """gs:// through the path layer (files, appended files, a token cache) in
+  a process that sees only what `pip install .` installs, and only the
+  emulator's address: pyproject's core dependencies must bring gcsfs."""
+  env = plain_install.environment(os.environ)
+  env.pop('EPATH_USE_TF', None)
+  env.update(gcs_emulator, JAXFORMER_TOKEN_CACHE_LOCAL=str(tmp_path / 'local'))
+  result = subprocess.run([sys.executable, '-c', PLAIN_INSTALL_CHILD],
+                          capture_output=True, text=True, cwd=tmp_path,
+                          env=env, timeout=TIMEOUT)
+  assert result.returncode == 0, result.stderr[-4000:]
+  assert 'plain install ok' in result.stdout
+  assert result.stderr == ''  # No gcsfs warning either.
 
 
 # ------------------------------------------------ training and the commands
@@ -251,8 +343,8 @@ def test_a_gs_workdir_resumes_exactly_after_sigkill_and_serves_the_commands(
       between(expected, restored + 1, NUM_STEPS))
   assert committed_steps(workdir) == [30, 40]
   names = paths.list_dir(workdir)
-  for name in ('checkpoints', 'config.json', 'metrics.jsonl', 'tensorboard',
-               'tokenizer'):
+  for name in ('checkpoints', 'config.json', 'metrics.jsonl.00000',
+               'metrics.jsonl.00001', 'tensorboard', 'tokenizer'):
     assert name in names, names
   assert paths.list_dir(paths.join(workdir, 'checkpoints', '40', 'state'))
 
@@ -329,3 +421,96 @@ def test_two_processes_train_into_one_gs_workdir_and_resume(tmp_path,
   steps = [r['step'] for r in read_metrics(workdir) if 'loss' in r]
   assert steps == list(range(1, 13))
   no_gs_folder(tmp_path)
+
+
+# ----------------------------------------------------------- storage faults
+
+EXIT_SECONDS = 180  # a fatal storage error must end the run this soon
+
+
+@contextlib.contextmanager
+def private_emulator():
+  """An emulator of gs://test-bucket for one test (which may kill it):
+  yields (its process, its port)."""
+  server = subprocess.Popen([sys.executable, emulator.__file__, 'test-bucket'],
+                            stdout=subprocess.PIPE, stderr=subprocess.DEVNULL,
+                            text=True)
+  try:
+    yield server, int(server.stdout.readline().strip().split('=')[1])
+  finally:
+    if server.poll() is None:
+      server.terminate()
+      server.wait(30)
+
+
+def assert_ends_with_one_error(runs, started: float, *expected: str) -> None:
+  """Every process of `runs` exits non-zero within EXIT_SECONDS of
+  `started`, process 0 with one error line (containing `expected`), and no
+  process prints a traceback or a storage client's log line."""
+  try:
+    for run in runs:
+      run.process.wait(max(started + EXIT_SECONDS - time.monotonic(), 1))
+  except subprocess.TimeoutExpired:
+    pytest.fail(f'still running {EXIT_SECONDS} s after the fault:\n'
+                + runs[0].output()[-3000:])
+  finally:
+    for run in runs:
+      if run.process.poll() is None:
+        run.process.kill()
+  for run in runs:
+    assert run.process.returncode != 0, run.output()[-3000:]
+    output = run.output()
+    for noise in ('Traceback', 'gcsfs', 'out of retries', 'bucket type'):
+      assert noise not in output, output[-3000:]
+  errors = [line for line in runs[0].output().splitlines() if 'error' in line]
+  assert len(errors) == 1, runs[0].output()[-3000:]
+  assert errors[0].startswith('jaxformer train: error: '), errors
+  for text in expected:
+    assert text in errors[0], errors
+
+
+def start_runs(workdir, tmp_path, environment, port, processes=1):
+  """`processes` processes of one run on the emulator at `port`."""
+  variables = emulator.environment(port)
+  if processes > 1:
+    coordinator = f'127.0.0.1:{free_port()}'
+    return [Training(workdir, tmp_path / f'p{i}', environment,
+                     'train.num_steps=400', 'distributed.heartbeat_timeout=20',
+                     process_env=dict(variables,
+                                      JAX_COORDINATOR_ADDRESS=coordinator,
+                                      JAX_NUM_PROCESSES=str(processes),
+                                      JAX_PROCESS_ID=str(i)))
+            for i in range(processes)]
+  return [Training(workdir, tmp_path, environment, 'train.num_steps=400',
+                   process_env=variables)]
+
+
+def wait_for_step(run, step: int) -> None:
+  run.wait_until(lambda: f'step {step}/' in run.output(), f'step {step}')
+
+
+@pytest.mark.slow
+def test_storage_gone_mid_run_ends_the_run(tmp_path, environment):
+  with private_emulator() as (server, port):
+    (run,) = start_runs('gs://test-bucket/outage', tmp_path, environment, port)
+    wait_for_step(run, 12)  # The checkpoint of step 10 is written or on its way.
+    server.kill()
+    started = time.monotonic()
+    assert_ends_with_one_error([run], started)
+  print(f'exited {time.monotonic() - started:.0f} s after the emulator died')
+
+
+@pytest.mark.slow
+def test_a_failed_save_ends_both_processes_of_a_run(tmp_path, environment):
+  """Process 0 reports the failed save; process 1 stops at its next
+  collective or heartbeat (a 1-process run takes process 0's path)."""
+  processes = 2
+  with private_emulator() as (server, port):
+    runs = start_runs(f'gs://test-bucket/read-only-{processes}', tmp_path,
+                      environment, port, processes)
+    wait_for_step(runs[0], 5)
+    emulator.reject_writes(port, containing='/checkpoints/')
+    started = time.monotonic()
+    assert_ends_with_one_error(runs, started, 'Writing the checkpoint of step')
+  print(f'{processes} processes exited {time.monotonic() - started:.0f} s '
+        'after checkpoint writes began to be rejected')

@@ -29,18 +29,24 @@ the other processes wait for the manifest.  In a multi-host run
 own copies of the data files (other paths or modification times) still
 read process 0's folder.  Readers load the lengths of
 all examples (4 bytes per example and side) and read token ids only for
-the examples they are asked for: memory-mapped when local, by ranged reads
-(concurrent, one per run of adjacent tokens) when remote.
+the examples they are asked for, memory-mapped from local disk.  A remote
+cache (gs://) is first copied to the host's disk, one download per file
+(`local_copy`): batches draw their examples from the whole split, so a host
+reads every shard, and reading them example by example would cost a
+request per example and side at every step.  The copy is kept for later
+runs and restarts on the host (the key names its content).
 """
 
 from __future__ import annotations
 
 import collections
 import dataclasses
+import errno
 import hashlib
 import io
 import itertools
 import json
+import os
 import time
 from collections.abc import Callable, Iterable, Iterator
 
@@ -56,51 +62,9 @@ SHARD_EXAMPLES = 1 << 20
 ENCODE_CHUNK = 1 << 15  # pairs per SentencePiece call: bounds Python lists
 MANIFEST = 'manifest.json'
 SIDES = ('source', 'target')
-_HEADER_BYTES = 4096
+_LOCAL_WRITE_ERRORS = (errno.ENOSPC, errno.EDQUOT, errno.EACCES, errno.EROFS)
 _IN_MEMORY = 4  # splits kept open per process
 _POLL_SECONDS = 1.0
-
-
-@dataclasses.dataclass(frozen=True)
-class RemoteNpy:
-  """A 1-D .npy file on remote storage, read by ranges."""
-  path: str
-  offset: int  # bytes before the data
-  dtype: np.dtype
-  size: int
-
-  @classmethod
-  def open(cls, path: str) -> RemoteNpy:
-    head = io.BytesIO(paths.read_ranges(path, [0], [_HEADER_BYTES])[0])
-    version = np.lib.format.read_magic(head)
-    read_header = (np.lib.format.read_array_header_1_0 if version == (1, 0)
-                   else np.lib.format.read_array_header_2_0)
-    shape, _, dtype = read_header(head)
-    return cls(path, head.tell(), np.dtype(dtype), int(np.prod(shape)))
-
-  def __len__(self) -> int:
-    return self.size
-
-  def take(self, indices: np.ndarray) -> np.ndarray:
-    """Values at `indices` [k], fetched as one range per run of adjacent ones."""
-    wanted = np.unique(indices)
-    if not wanted.size:
-      return np.zeros(0, self.dtype)
-    breaks = np.flatnonzero(np.diff(wanted) != 1) + 1
-    firsts = wanted[np.concatenate([[0], breaks])]
-    ends = wanted[np.concatenate([breaks - 1, [wanted.size - 1]])] + 1
-    item = self.dtype.itemsize
-    chunks = paths.read_ranges(self.path, self.offset + firsts * item,
-                               self.offset + ends * item)
-    values = np.frombuffer(b''.join(chunks), self.dtype)
-    return values[np.searchsorted(wanted, indices)]
-
-
-def _take(store, indices: np.ndarray) -> np.ndarray:
-  """store[indices] for an in-memory or memory-mapped array or a RemoteNpy."""
-  if isinstance(store, RemoteNpy):
-    return store.take(indices)
-  return np.asarray(store[indices])
 
 
 @dataclasses.dataclass(frozen=True)
@@ -110,7 +74,7 @@ class RaggedTokens:
   Example i is tokens [starts[i], starts[i] + lengths[i]) of the shards laid
   end to end, and ends with EOS_ID.
   """
-  shards: tuple  # [shard tokens] arrays, memory maps or RemoteNpy
+  shards: tuple  # [shard tokens] arrays or memory maps
   shard_starts: np.ndarray  # [shards + 1] int64: first token of each shard
   starts: np.ndarray  # [examples] int64
   lengths: np.ndarray  # [examples] int32
@@ -145,8 +109,7 @@ class RaggedTokens:
     tokens = np.empty(len(index), np.int32)
     for shard in np.unique(shard_of):
       mine = shard_of == shard
-      tokens[mine] = _take(self.shards[shard], index[mine] -
-                           self.shard_starts[shard])
+      tokens[mine] = self.shards[shard][index[mine] - self.shard_starts[shard]]
     if max_length is not None and len(rows):
       tokens[splits[1:][lengths > 0] - 1] = tokenizer_lib.EOS_ID
     return tokens, splits
@@ -300,23 +263,57 @@ def write(folder: str, shards: Iterable[dict[str, np.ndarray]], key: str) -> Non
       dict(format=FORMAT, key=key, shard_examples=counts), indent=1))
 
 
-def _open_tokens(path: str):
-  return RemoteNpy.open(path) if paths.is_remote(path) else paths.memory_map_npy(path)
+def local_root() -> str:
+  """Where remote caches are copied on this host: $JAXFORMER_TOKEN_CACHE_LOCAL,
+  else ~/.cache/jaxformer/token_cache (under $XDG_CACHE_HOME if set)."""
+  cache_home = os.environ.get('XDG_CACHE_HOME') or os.path.join(
+      os.path.expanduser('~'), '.cache')
+  return os.environ.get('JAXFORMER_TOKEN_CACHE_LOCAL') or os.path.join(
+      cache_home, 'jaxformer', 'token_cache')
+
+
+def _shard_files(manifest: dict) -> list[str]:
+  return [f'{number:05d}.{side}{part}.npy'
+          for number in range(len(manifest['shard_examples']))
+          for side in SIDES for part in ('', '_lengths')]
+
+
+def local_copy(folder: str, manifest: dict) -> str:
+  """A local folder holding the shard files of the remote cache `folder`:
+  each file downloaded whole unless a copy is there (each appears whole,
+  by rename, and the folder's key names its content)."""
+  local = os.path.join(local_root(), os.path.basename(folder.rstrip('/')))
+  for name in _shard_files(manifest):
+    target = os.path.join(local, name)
+    if os.path.exists(target):
+      continue
+    try:
+      paths.copy_to_local(paths.join(folder, name), target)
+    except OSError as e:
+      if e.errno not in _LOCAL_WRITE_ERRORS:
+        raise
+      raise paths.StorageError(
+          f'Cannot copy the token cache {folder} to {local} ({e}); free '
+          'disk space there, or set JAXFORMER_TOKEN_CACHE_LOCAL to a folder '
+          'with room for it.') from e
+  return local
 
 
 def read(folder: str) -> TokenizedSplit:
-  """The split committed in `folder`: lengths in memory, tokens on demand."""
+  """The split committed in `folder`: lengths in memory, tokens memory-
+  mapped (from a local copy when `folder` is remote)."""
   manifest = json.loads(paths.read_text(paths.join(folder, MANIFEST)))
   if manifest.get('format') != FORMAT:
     raise sources.DataError(
         f'{folder}: token cache format {manifest.get("format")}, not '
         f'{FORMAT}; delete the folder to tokenise again')
+  files = local_copy(folder, manifest) if paths.is_remote(folder) else folder
   shards = []
   for number in range(len(manifest['shard_examples'])):
     shard = {}
     for side in SIDES:
-      prefix = paths.join(folder, f'{number:05d}.{side}')
-      shard[side] = _open_tokens(f'{prefix}.npy')
+      prefix = os.path.join(files, f'{number:05d}.{side}')
+      shard[side] = paths.memory_map_npy(f'{prefix}.npy')
       shard[f'{side}_lengths'] = np.load(io.BytesIO(
           paths.read_bytes(f'{prefix}_lengths.npy')), allow_pickle=False)
     shards.append(shard)

@@ -1,6 +1,9 @@
 """Where training metrics go: DIR/metrics.jsonl (one JSON object per line),
 TensorBoard events under DIR/tensorboard, and the terminal. DIR may be local
-or on cloud storage (see jaxformer.paths)."""
+or on cloud storage (see jaxformer.paths). On cloud storage each file is a
+series of objects appended to (`paths.AppendableFile`: metrics.jsonl.00000,
+...; TensorBoard reads the event parts of a directory in name order), read
+back as one stream by `read_metrics`."""
 import json
 import socket
 import struct
@@ -49,7 +52,7 @@ class MetricsWriter:
   def __init__(self, workdir: str, enabled: bool = True):
     self.enabled = enabled
     if enabled:
-      self._jsonl = paths.AppendableFile(paths.join(workdir, 'metrics.jsonl'))
+      self._jsonl = paths.AppendableFile(metrics_path(workdir))
       self._tensorboard = EventFile(paths.join(workdir, 'tensorboard'))
 
   def write(self, step: int, metrics: dict, prefix: str = '') -> None:
@@ -70,9 +73,17 @@ class MetricsWriter:
       self._tensorboard.close()
 
 
+def metrics_path(workdir: str) -> str:
+  return paths.join(workdir, 'metrics.jsonl')
+
+
+def has_metrics(workdir: str) -> bool:
+  return paths.appended_exists(metrics_path(workdir))
+
+
 def read_metrics(workdir: str) -> list[dict]:
   """All records of DIR/metrics.jsonl, in order."""
-  text = paths.read_text(paths.join(workdir, 'metrics.jsonl'))
+  text = paths.read_appended(metrics_path(workdir)).decode('utf-8')
   return [json.loads(line) for line in text.splitlines() if line.strip()]
 
 
