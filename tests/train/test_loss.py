@@ -176,12 +176,12 @@ def test_sharded_output_token_metrics_equal_the_full_logits():
     return sums['loss'] + 0.3 * sums['nll']
 
   fused = functools.partial(loss.output_token_metrics, chunk_logits=1,
-                            min_rows=2)  # 2 positions of 1 row per device.
+                            min_rows=2)  # 1 row per device: 3 chunks of 3.
   expected = jax.value_and_grad(objective, (1, 2, 3))(_full_logits_metrics,
                                                       x, kernel, bias)
   rows = jax.sharding.NamedSharding(mesh, parallel.BATCH_SPEC)
   with parallel.activate(mesh, parallel.DEFAULT_AXIS_RULES):
-    assert loss.output_chunking(4, 7, 32, 1, 2).chunks == 4
+    assert loss.output_chunking(4, 7, 32, 1, 2).chunks == 3
     value, grads = jax.jit(jax.value_and_grad(objective, (1, 2, 3)),
                            static_argnums=0)(fused, jax.device_put(x, rows),
                                              kernel, bias)
