@@ -170,7 +170,10 @@ def output_token_metrics(x: jax.Array, kernel: jax.Array, bias, targets,
   and the kernel (bfloat16 where the model computes in it) and accumulate
   in float32. Each device sums its own rows' kernel and bias gradients over
   the chunks ([row_shards, vocab, d] in the loop's carry), reduced over
-  devices once, after the loop. A train step holds neither the logits nor
+  devices once, after the loop (`wmt14_ende_big` on a v5p-64, fsdp=32,
+  compiled: 0.14 GiB of all-reduces per step, where chunks sized by the
+  global batch, 256 of 3 rows per chip, all-reduced 144 MiB each, 36 GiB
+  per step). A train step holds neither the logits nor
   their gradient: measured, its temporary memory falls from 563 to 494 MiB
   for the `small` config and from 2,261 to 1,886 MiB for `base` (32 x
   (64+64) on CPU), and 65,536 rows of the quickstart fit in 8.0 GiB per v5e
@@ -282,7 +285,12 @@ def _scan_chunks(x, kernel, bias, targets, weights, label_smoothing, span,
        _by_chunk(weights, span)))
   if not with_grads:
     return sums, None
-  d_kernel, d_bias = (jnp.sum(g, axis=0) for g in per_shard)
+  # Reduced over the row shards into the table's own sharding: under FSDP
+  # a reduce-scatter, not an all-reduce.
+  d_kernel = nn.with_logical_constraint(jnp.sum(per_shard[0], axis=0),
+                                        ('vocab', 'embed'))
+  d_bias = nn.with_logical_constraint(jnp.sum(per_shard[1], axis=0),
+                                      ('vocab',))
   return sums, (_from_chunks(d_x), d_kernel, d_bias)
 
 
