@@ -18,12 +18,17 @@ for each process of the topology: a layout that train would refuse is
 refused here with the same message, and the report lists the row shards
 each host feeds.
 
-Collective counts are instructions in the compiled module: one in a loop
-body (`model.scan_layers`) counts once, although it runs once per layer.
-XLA's cost model also counts a loop's body once, for `nn.scan` and for the
-windowed einsums of FSDP on TPU (see `train/flops.py`), so its FLOPs can fall
-short of the model's; the MFU printed uses the model FLOPs of
-`train/flops.py` over the cost model's time estimate.
+Collective counts are runs per step: a collective in a loop body (a
+scanned layer, a chunk of the output layer) counts once per iteration, by
+the loop's trip count (`hlo.runs_per_computation`; libtpu's compiled text
+does not annotate trip counts, so they are read from the loop's counter and
+condition), beside the number of instructions. The output layer's loop over
+chunks (`train/loss.py`) is reported with its trip count and the rows per
+chip of its logits matmuls. XLA's cost model still counts a loop's body
+once, for `nn.scan`, for the output layer's chunks and for the windowed
+einsums of FSDP on TPU (see `train/flops.py`), so its FLOPs can fall short
+of the model's; the MFU printed uses the model FLOPs of `train/flops.py`
+over the cost model's time estimate.
 """
 import dataclasses
 import math
@@ -328,6 +333,8 @@ def program_report(program: Program, topo: Topology, num_devices: int
       'hbm_gib': topo.chip.hbm_gib, 'fits': memory['total'] <= hbm,
       'shortfall_gib': max(0.0, (memory['total'] - hbm) / GIB),
       'collectives': hlo.collective_stats(text),
+      'loops_of_unknown_trip_count': hlo.runs_per_computation(text)[1],
+      'output_layer': hlo.output_layer(text),
       'custom_calls': hlo.custom_calls(text),
       'flops_per_device': flops, 'estimated_seconds': seconds,
       'model_flops_per_device': None, 'mfu': None,
@@ -377,6 +384,7 @@ def _out_of_memory_report(program: Program, topo: Topology, message: str,
       'shortfall_gib': max(0.0, needed - topo.chip.hbm_gib),
       'compiler_error': message.strip().splitlines()[0],
       'collectives': hlo.collective_stats(''), 'custom_calls': {},
+      'loops_of_unknown_trip_count': 0, 'output_layer': hlo.output_layer(''),
       'flops_per_device': 0.0,
       'estimated_seconds': None, 'model_flops_per_device': None, 'mfu': None,
       'loops_undercounted': False}
@@ -466,12 +474,19 @@ def format_program(p: dict) -> str:
       f'{_bytes(m["outputs"] * GIB)} outputs, {_bytes(m["aliased"] * GIB)} '
       f'aliased, {_bytes(m["total"] * GIB)} total of {p["hbm_gib"]:g} GiB '
       f'HBM: fits: {"yes" if p["fits"] else "no"}',
-      '  collectives: ' + ', '.join(
+      '  collectives run per step: ' + ', '.join(
           f'{op} {s["count"]}' + (f' ({_bytes(s["bytes"])})' if s['count']
                                   else '')
           + (f' + {s["windowed"]} in windowed einsums' if s['windowed']
              else '')
+          + (f' [{s["instructions"]} in the program]'
+             if s['instructions'] not in (0, s['count']) else '')
           for op, s in p['collectives'].items())]
+  if p['loops_of_unknown_trip_count']:
+    lines.append(f'  ({p["loops_of_unknown_trip_count"]} loop(s) of unknown '
+                 'trip count: their collectives counted once)')
+  if 'output_layer' in p and p['kind'] != 'decode':
+    lines.append('  output layer: ' + format_output_layer(p['output_layer']))
   if p['custom_calls']:
     lines.append('  custom calls: ' + ', '.join(
         f'{target} {n}' for target, n in sorted(p['custom_calls'].items())))
@@ -508,6 +523,18 @@ def _rows(counts: list[int]) -> str:
   if len(counts) == 1:
     return str(counts[0])
   return f'{min(counts)}-{max(counts)} (by bucket)'
+
+
+def format_output_layer(layer: dict) -> str:
+  """'2 chunks (a loop of 2), 1536 rows per chip in its logits matmuls'."""
+  loops = layer['loops']
+  if not loops:
+    chunks = 'one chunk (no loop)'
+  else:
+    chunks = ', '.join(f'a loop of {n if n is not None else "?"}'
+                       for n in loops)
+  rows = '/'.join(f'{r:,}' for r in layer['rows_per_device']) or '?'
+  return f'{chunks}; {rows} rows per chip in its logits matmuls'
 
 
 def format_header(report: dict) -> str:

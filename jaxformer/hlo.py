@@ -53,40 +53,42 @@ def _operands(call: str) -> list[str]:
 
 
 def collective_stats(hlo_text: str) -> dict[str, dict[str, float]]:
-  """Count and operand bytes (per device) of each collective in a compiled
-  HLO module's text; an asynchronous pair (`all-gather-start` / `-done`)
+  """Per collective: 'count', how many times it runs per call of the
+  program (an instruction in a loop body once per iteration: see
+  `runs_per_computation`), 'bytes', the operand bytes (per device) those
+  runs move, and 'instructions', how many there are in the compiled
+  module's text; an asynchronous pair (`all-gather-start` / `-done`)
   counts once.
 
-  'windowed' counts the all-gathers and reduce-scatters that XLA's TPU
-  backend fused with their matmul into a windowed einsum: a loop of
+  'windowed' counts the runs of all-gathers and reduce-scatters that XLA's
+  TPU backend fused with their matmul into a windowed einsum: a loop of
   collective-permutes around a ring, each step overlapped with a partial
   matmul. FSDP's gradient reduce-scatters mostly take this form, so they
   show up as collective-permutes, not as reduce-scatter instructions.
   """
-  shapes, calls = {}, []
-  stats = {op: {'count': 0, 'bytes': 0.0, 'windowed': 0}
+  computations, _ = _module(hlo_text)
+  runs, _ = runs_per_computation(hlo_text)
+  stats = {op: {'count': 0, 'bytes': 0.0, 'windowed': 0, 'instructions': 0}
            for op in COLLECTIVES}
-  for line in hlo_text.splitlines():
-    match = _INSTRUCTION.match(line)
-    if not match:
-      continue
-    name, rest = match.groups()
-    shape, call = _split_shape(rest)
-    shapes[name] = shape
-    opcode = call.split('(', 1)[0]
-    base = opcode.removesuffix('-start')
-    if base in COLLECTIVES and '(' in call:
-      calls.append((base, _operands(call)))
-    elif opcode == 'while':
-      body = re.search(r'body=%?([\w.\-]+)', call)
-      kind = re.search(r'windowed_dot_general_body_(ag|rs)',
-                       body.group(1) if body else '')
-      if kind:
-        op = 'all-gather' if kind.group(1) == 'ag' else 'reduce-scatter'
-        stats[op]['windowed'] += 1
-  for op, operands in calls:
-    stats[op]['count'] += 1
-    stats[op]['bytes'] += sum(shape_bytes(shapes.get(o, '')) for o in operands)
+  shapes = {name: shape for body in computations.values()
+            for name, shape, _ in body}
+  for computation, body in computations.items():
+    times = runs[computation]
+    for _, _, call in body:
+      opcode = call.split('(', 1)[0]
+      base = opcode.removesuffix('-start')
+      if base in COLLECTIVES and '(' in call:
+        stats[base]['instructions'] += 1
+        stats[base]['count'] += times
+        stats[base]['bytes'] += times * sum(
+            shape_bytes(shapes.get(o, '')) for o in _operands(call))
+      elif opcode == 'while':
+        loop = re.search(r'body=%?([\w.\-]+)', call)
+        kind = re.search(r'windowed_dot_general_body_(ag|rs)',
+                         loop.group(1) if loop else '')
+        if kind:
+          op = 'all-gather' if kind.group(1) == 'ag' else 'reduce-scatter'
+          stats[op]['windowed'] += times
   return stats
 
 
@@ -98,3 +100,130 @@ def custom_calls(hlo_text: str) -> dict[str, int]:
   for target in re.findall(r'custom_call_target="([^"]+)"', hlo_text):
     counts[target] = counts.get(target, 0) + 1
   return counts
+
+
+# ------------------------------------------------------------------ loops
+
+_HEADER = re.compile(r'^(?:ENTRY\s+)?%?([\w.\-]+)\s*\(.*\{\s*$')
+
+
+def _module(hlo_text: str):
+  """(computations: name -> [(instruction, shape, call)] in text order,
+  instructions: name -> (shape, call, computation))."""
+  computations, instructions, current = {}, {}, None
+  for line in hlo_text.splitlines():
+    header = _HEADER.match(line)
+    if header and not line.startswith(' '):
+      current = header.group(1)
+      computations[current] = []
+      continue
+    match = _INSTRUCTION.match(line) if current else None
+    if match:
+      name, rest = match.groups()
+      shape, call = _split_shape(rest)
+      computations[current].append((name, shape, call))
+      instructions[name] = (shape, call, current)
+  return computations, instructions
+
+
+def _constant(name: str, instructions) -> int | None:
+  """The integer value of a scalar constant, through copies and bitcasts."""
+  while name in instructions:
+    _, call, _ = instructions[name]
+    opcode = call.split('(', 1)[0]
+    if opcode == 'constant':
+      value = re.match(r'constant\((-?\d+)\)', call)
+      return int(value.group(1)) if value else None
+    if opcode not in ('copy', 'bitcast', 'convert'):
+      return None
+    name = _operands(call)[0]
+  return None
+
+
+def trip_count(call: str, instructions) -> int | None:
+  """Iterations of the while loop of instruction text `call`: XLA's
+  `known_trip_count` where its backend_config has one (CPU, GPU), else read
+  from the loop as jax writes it: a counter in the loop's tuple from a
+  constant, compared with a constant in the condition (libtpu's compiled
+  text has no annotation). None if neither applies."""
+  known = re.search(r'"known_trip_count":\{"n":"(\d+)"', call)
+  if known:
+    return int(known.group(1))
+  condition = re.search(r'condition=%?([\w.\-]+)', call)
+  roots = [c for n, (_, c, comp) in instructions.items()
+           if condition and comp == condition.group(1)
+           and c.startswith('compare(')]
+  if len(roots) != 1:
+    return None
+  compare = roots[0]
+  direction = re.search(r'direction=(\w+)', compare).group(1)
+  left, right = _operands(compare)[:2]
+  if _constant(left, instructions) is not None:  # N > i: i < N.
+    left, right = right, left
+    direction = {'GT': 'LT', 'GE': 'LE'}.get(direction, direction)
+  limit = _constant(right, instructions)
+  counter = instructions.get(left, ('', '', ''))[1]
+  index = re.search(r'get-tuple-element\(.*index=(\d+)', counter)
+  if limit is None or not index or direction not in ('LT', 'LE'):
+    return None
+  init = instructions.get(_operands(call)[0], ('', '', ''))[1]
+  if not init.startswith('tuple('):
+    return None
+  start = _constant(_operands(init)[int(index.group(1))], instructions)
+  if start is None:
+    return None
+  return max(0, limit - start + (direction == 'LE'))
+
+
+def runs_per_computation(hlo_text: str) -> tuple[dict[str, int], int]:
+  """How many times each computation of a compiled module runs per call of
+  its entry: a while loop's body runs its trip count times per run of the
+  loop, nested loops multiply. Returns (runs, loops whose trip count is
+  unknown, counted as running once)."""
+  computations, instructions = _module(hlo_text)
+  runs = {name: 0 for name in computations}
+  unknown = 0
+  order = list(computations)[::-1]  # XLA prints callees before callers.
+  if order:
+    runs[order[0]] = 1
+  for computation in order:
+    for _, _, call in computations[computation]:
+      opcode = call.split('(', 1)[0]
+      times = 1
+      if opcode == 'while':
+        times = trip_count(call, instructions)
+        if times is None:
+          unknown += 1
+          times = 1
+      body = re.search(r'body=%?([\w.\-]+)', call)
+      for callee in set(re.findall(r'%([\w.\-]+)', call)):
+        if callee in runs and callee != computation:
+          factor = times if body and callee == body.group(1) else 1
+          runs[callee] += runs[computation] * factor
+  return runs, unknown
+
+
+def output_layer(hlo_text: str) -> dict:
+  """The output layer of `train.loss.output_token_metrics` in a compiled
+  module (found by its op_name scopes): 'loops', the trip counts of its
+  loops over chunks ([] when XLA removed a loop of one chunk), and
+  'rows_per_device', the rows of its logits matmuls on one device (the
+  output's size over the vocabulary's shard)."""
+  computations, instructions = _module(hlo_text)
+  loops, rows = [], set()
+  for name, (shape, call, _) in instructions.items():
+    op_name = re.search(r'op_name="([^"]*)"', call)
+    if not op_name or '/output_layer/' not in op_name.group(1):
+      continue
+    opcode = call.split('(', 1)[0]
+    if opcode == 'while':
+      loops.append(trip_count(call, instructions))
+    logits = re.search(r'/logits_v(\d+)/', op_name.group(1))
+    if opcode in ('dot', 'convolution') and logits:
+      array = _ARRAY.search(shape)
+      dims = [int(d) for d in array.group(2).split(',') if d] if array else []
+      vocab = int(logits.group(1))
+      shards = [d for d in dims if -(-vocab // -(-vocab // d)) == d]
+      if shards:
+        rows.add(math.prod(dims) // max(shards))
+  return {'loops': loops, 'rows_per_device': sorted(rows)}

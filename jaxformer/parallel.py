@@ -219,6 +219,31 @@ def global_batch(local_batch: Mapping[str, np.ndarray],
           for key, v in local_batch.items()}
 
 
+# HBM per chip by `device_kind`, for TPUs that cannot report it themselves
+# (libtpu's compile-only devices).
+TPU_HBM_GIB = {'TPU v4': 32, 'TPU v5 lite': 16, 'TPU v5': 95, 'TPU v5p': 95,
+               'TPU v6 lite': 32}
+
+
+def device_memory_bytes(device) -> int | None:
+  """An accelerator's memory: what a device of its kind on this host
+  reports, else the kind's HBM; None for CPUs and for devices of unknown
+  size. `device`: a `jax.Device` or an AbstractMesh's `abstract_device`."""
+  if device.platform == 'cpu':
+    return None
+  for local in (device, *jax.local_devices()):
+    if local.device_kind != device.device_kind or not hasattr(
+        local, 'memory_stats'):
+      continue
+    try:
+      stats = local.memory_stats()
+    except jax.errors.JaxRuntimeError:  # Not addressable (compile-only).
+      continue
+    if stats and stats.get('bytes_limit'):
+      return int(stats['bytes_limit'])
+  gib = TPU_HBM_GIB.get(device.device_kind)
+  return None if gib is None else gib * 1024 ** 3
+
 @contextlib.contextmanager
 def activate(mesh: Mesh, rules):
   """Makes `mesh` and the logical-axis `rules` current, so that the model's

@@ -56,16 +56,82 @@ ENTRY %main (p0: f32[16,1024], p1: bf16[4,8]) -> (f32[], bf16[64,8]) {
 
 def test_collectives_are_counted_once_with_their_operand_bytes():
   stats = hlo.collective_stats(HLO)
-  assert stats['all-reduce'] == {'count': 1, 'bytes': 16 * 1024 * 4 + 64,
-                                 'windowed': 0}
+  one = {'count': 1, 'instructions': 1, 'windowed': 0}
+  assert stats['all-reduce'] == {**one, 'bytes': 16 * 1024 * 4 + 64}
   # An asynchronous start/done pair counts once.
-  assert stats['all-gather'] == {'count': 1, 'bytes': 64, 'windowed': 0}
+  assert stats['all-gather'] == {**one, 'bytes': 64}
   # A windowed einsum's loop is a reduce-scatter, whatever else loops.
-  assert stats['reduce-scatter'] == {'count': 1, 'bytes': 16 * 1024 * 4,
+  assert stats['reduce-scatter'] == {**one, 'bytes': 16 * 1024 * 4,
                                      'windowed': 1}
-  assert stats['collective-permute'] == {'count': 1, 'bytes': 64,
-                                         'windowed': 0}
-  assert stats['all-to-all'] == {'count': 0, 'bytes': 0.0, 'windowed': 0}
+  assert stats['collective-permute'] == {**one, 'bytes': 64}
+  assert stats['all-to-all'] == {'count': 0, 'bytes': 0.0, 'windowed': 0,
+                                 'instructions': 0}
+
+
+# Loops as libtpu compiles them (a counter from a constant, no trip count
+# annotated) and as XLA's CPU and GPU backends annotate them, nested.
+LOOPS = """HloModule jit_train_step, entry_computation_layout={...}
+
+%outer_cond (p.0: (s32[], f32[8])) -> pred[] {
+  %n.0 = s32[]{:T(128)} constant(6)
+  %p.0 = (s32[]{:T(128)}, f32[8]{0}) parameter(0)
+  %i.0 = s32[]{:T(128)} get-tuple-element(%p.0), index=0
+  ROOT %lt.0 = pred[]{:T(512)} compare(%i.0, %n.0), direction=LT
+}
+
+%inner_body (p.1: (s32[], f32[8])) -> (s32[], f32[8]) {
+  %p.1 = (s32[], f32[8]{0}) parameter(0)
+  %x.1 = f32[8]{0} get-tuple-element(%p.1), index=1
+  %i.1 = s32[] get-tuple-element(%p.1), index=0
+  %all-reduce.1 = f32[8]{0} all-reduce(%x.1), to_apply=%add
+  ROOT %t.1 = (s32[], f32[8]{0}) tuple(%i.1, %all-reduce.1)
+}
+
+%outer_body (p.2: (s32[], f32[8])) -> (s32[], f32[8]) {
+  %p.2 = (s32[], f32[8]{0}) parameter(0)
+  %x.2 = f32[8]{0} get-tuple-element(%p.2), index=1
+  %i.2 = s32[] get-tuple-element(%p.2), index=0
+  %zero.2 = s32[] constant(0)
+  %init.2 = (s32[], f32[8]{0}) tuple(%zero.2, %x.2)
+  %while.2 = (s32[], f32[8]{0}) while(%init.2), condition=%inner_cond, body=%inner_body, backend_config={"known_induction_variable":{"tuple_index":"0"},"known_trip_count":{"n":"3"}}
+  %logits.2 = f32[12,128,37000]{2,1,0:T(8,128)} convolution(%x.2, %x.2), dim_labels=bf_io->bf, metadata={op_name="jit(train_step)/decode_logits/output_layer/while/body/logits_v37000/dot_general"}
+  %d_x.2 = f32[12,128,512]{2,1,0} convolution(%x.2, %x.2), dim_labels=bf_io->bf, metadata={op_name="jit(train_step)/decode_logits/output_layer/while/body/dot_general"}
+  ROOT %t.2 = (s32[], f32[8]{0}) tuple(%i.2, %x.2)
+}
+
+ENTRY %main.3 (x.3: f32[8]) -> f32[8] {
+  %x.3 = f32[8]{0} parameter(0)
+  %zero.3 = s32[]{:T(128)} constant(0)
+  %copy.3 = s32[]{:T(128)} copy(%zero.3)
+  %init.3 = (s32[]{:T(128)}, f32[8]{0}) tuple(%copy.3, %x.3)
+  %while.3 = (s32[], f32[8]{0}) while(%init.3), condition=%outer_cond, body=%outer_body, metadata={op_name="jit(train_step)/decode_logits/output_layer/while"}
+  %all-gather.3 = f32[64]{0} all-gather(%x.3), dimensions={0}
+  ROOT %y.3 = f32[8]{0} get-tuple-element(%while.3), index=1
+}
+"""
+
+
+def test_collectives_in_loops_count_once_per_iteration():
+  runs, unknown = hlo.runs_per_computation(LOOPS)
+  assert (runs['outer_body'], runs['inner_body'], unknown) == (6, 18, 0)
+  stats = hlo.collective_stats(LOOPS)
+  assert stats['all-reduce'] == {'count': 18, 'instructions': 1,
+                                 'bytes': 18 * 32, 'windowed': 0}
+  assert stats['all-gather']['count'] == 1
+  # The output layer's loop and its logits matmul, 12 x 128 rows a chip;
+  # with the vocabulary split 4 ways the same rows.
+  assert hlo.output_layer(LOOPS) == {'loops': [6], 'rows_per_device': [1536]}
+  split = LOOPS.replace('f32[12,128,37000]', 'f32[1536,9250]')
+  assert hlo.output_layer(split)['rows_per_device'] == [1536]
+  # A counter that does not start from a constant: unknown, counted once.
+  unknown_start = LOOPS.replace('copy(%zero.3)', 'copy(%x.3)')
+  assert hlo.runs_per_computation(unknown_start) == (runs | {
+      'outer_body': 1, 'inner_body': 3}, 1)
+  report = {'loops': [6], 'rows_per_device': [1536]}
+  assert aot.format_output_layer(report) == (
+      'a loop of 6; 1,536 rows per chip in its logits matmuls')
+  assert aot.format_output_layer({'loops': [], 'rows_per_device': [320]}) \
+      == 'one chunk (no loop); 320 rows per chip in its logits matmuls'
 
 
 def test_custom_calls_are_counted_by_target():
@@ -154,6 +220,9 @@ def test_base_fits_a_v5e8(base_on_v5e8):
   assert train['collectives']['all-reduce']['count'] >= 1
   assert train['collectives']['all-gather']['count'] == 0
   assert train['flops_per_device'] > 0
+  # 96 x 256 positions, 12 rows a chip: 2 chunks of 128 positions, not 256
+  # chunks of 1 as when the global batch sized them.
+  assert train['output_layer'] == {'loops': [2], 'rows_per_device': [1536]}
 
 
 @pytest.fixture(scope='module')
