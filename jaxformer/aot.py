@@ -374,7 +374,10 @@ def compile_run(config: ml_collections.ConfigDict, topology_name: str,
             'mesh': dict(mesh.shape), 'programs': []}
   if log:
     log(format_header(report))
-  for program in build_programs(config, mesh, hosts, kinds, buckets):
+  programs = build_programs(config, mesh, hosts, kinds, buckets)
+  if log:
+    log(f'compiling {len(programs)} programs')
+  for program in programs:
     report['programs'].append(program_report(program, topo, len(devices)))
     if log:
       log(format_program(report['programs'][-1]))

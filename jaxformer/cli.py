@@ -415,8 +415,18 @@ def main(argv=None) -> int:
     print(f'--config.* overrides apply to the commands that read a config, '
           f'not to `jaxformer {args.command}`.', file=sys.stderr)
     return 2
+  cache = None
+  if args.command not in ('curves', 'average', 'export'):
+    from jaxformer import compilation_cache
+    cache = compilation_cache.enable()  # Before anything compiles.
+    if args.command in ('train', 'compile'):
+      print(f'jaxformer: compilation cache: {cache or "off"} '
+            f'({compilation_cache.ENV}=DIR or off)', flush=True)
   try:
-    return args.run(args, overrides)
+    status = args.run(args, overrides)
+    if cache and args.command in ('train', 'compile'):
+      print(f'jaxformer: {compilation_cache.summary()}', flush=True)
+    return status
   except (ValueError, FileNotFoundError, RuntimeError,
           paths.StorageError) as e:
     if os.environ.get('JAXFORMER_DEBUG'):

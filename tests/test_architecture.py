@@ -8,7 +8,7 @@ PACKAGE = pathlib.Path(__file__).resolve().parents[1] / 'jaxformer'
 # Module (or package prefix) -> layer, as in ARCHITECTURE.md.
 LAYERS = {
     'paths': 0, 'parallel': 0, 'config_ranges': 0, 'hlo': 0, 'token_ids': 0,
-    'host_memory': 0,
+    'host_memory': 0, 'compilation_cache': 0,
     'model': 1, 'data': 1,
     'train': 2, 'tasks': 2, 'checkpoint': 2, 'decode': 2,
     'trained': 3, 'evaluate': 3, 'predict': 3, 'plots': 3,
