@@ -28,6 +28,7 @@ import jax
 import jax.numpy as jnp
 import ml_collections
 
+from jaxformer import aot_cache
 from jaxformer import decode
 from jaxformer import evaluate
 from jaxformer import hlo
@@ -378,7 +379,8 @@ def compile_run(config: ml_collections.ConfigDict, topology_name: str,
   if log:
     log(f'compiling {len(programs)} programs')
   for program in programs:
-    report['programs'].append(program_report(program, topo, len(devices)))
+    report['programs'].append(
+        aot_cache.report(program, topo, len(devices), program_report))
     if log:
       log(format_program(report['programs'][-1]))
   return report
@@ -432,7 +434,8 @@ def format_program(p: dict) -> str:
             f'{m["total"]:.2f} GiB of temporaries of {p["hbm_gib"]:g} GiB '
             f'HBM: fits: no\n  ({p["compiler_error"]})')
   lines = [
-      f'{p["program"]}  (compiled in {p["compile_seconds"]:.0f} s)',
+      f'{p["program"]}  ({"from the cache; " * bool(p.get("from_cache"))}'
+      f'compiled in {p["compile_seconds"]:.0f} s)',
       f'  memory per chip: {_bytes(m["arguments"] * GIB)} arguments, '
       f'{_bytes(m["temporaries"] * GIB)} temporaries, '
       f'{_bytes(m["outputs"] * GIB)} outputs, {_bytes(m["aliased"] * GIB)} '

@@ -418,13 +418,14 @@ def main(argv=None) -> int:
   cache = None
   if args.command not in ('curves', 'average', 'export'):
     from jaxformer import compilation_cache
-    cache = compilation_cache.enable()  # Before anything compiles.
+    cache = compilation_cache.enable(  # Before anything compiles.
+        jax_cache=args.command != 'compile')
     if args.command in ('train', 'compile'):
       print(f'jaxformer: compilation cache: {cache or "off"} '
             f'({compilation_cache.ENV}=DIR or off)', flush=True)
   try:
     status = args.run(args, overrides)
-    if cache and args.command in ('train', 'compile'):
+    if cache and args.command == 'train':
       print(f'jaxformer: {compilation_cache.summary()}', flush=True)
     return status
   except (ValueError, FileNotFoundError, RuntimeError,

@@ -13,6 +13,7 @@ writes entries from process 0 only: on several hosts the others find them
 only in a directory all of them read (e.g. a bucket).
 """
 import collections
+import importlib.util
 import os
 
 import jax
@@ -41,17 +42,20 @@ def directory(environ=os.environ) -> str | None:
   return os.path.join(home, 'jaxformer', 'xla')
 
 
-def enable(environ=os.environ) -> str | None:
+def enable(environ=os.environ, jax_cache: bool = True) -> str | None:
   """Points JAX's persistent compilation cache at `directory(environ)` (or
-  turns it off); returns the directory. Call it before the first compile:
-  JAX opens its cache once, at the first compile of the process."""
+  turns it off: also with jax_cache=False, for `jaxformer compile`, whose
+  executables JAX cannot load back, see aot_cache.py); returns the
+  directory. Call it before the first compile: JAX opens its cache once, at
+  the first compile of the process."""
   path = directory(environ)
-  if path is None:
+  if path is None or not jax_cache:
     jax.config.update('jax_enable_compilation_cache', False)
-    return None
+    return path
   if '://' not in path:
     os.makedirs(path, exist_ok=True)
-    if jax.config.jax_compilation_cache_max_size == -1:  # Not set by the user.
+    if (jax.config.jax_compilation_cache_max_size == -1  # Not set by the user.
+        and importlib.util.find_spec('filelock')):  # JAX's lock needs it.
       jax.config.update('jax_compilation_cache_max_size', LOCAL_MAX_BYTES)
   jax.config.update('jax_enable_compilation_cache', True)
   jax.config.update('jax_compilation_cache_dir', path)

@@ -13,7 +13,7 @@ LAYERS = {
     'train': 2, 'tasks': 2, 'checkpoint': 2, 'decode': 2,
     'trained': 3, 'evaluate': 3, 'predict': 3, 'plots': 3,
     'train.loop': 4,
-    'config': 5, 'aot': 5, 'cli': 5,
+    'config': 5, 'aot': 5, 'aot_cache': 5, 'cli': 5,
 }
 
 

@@ -62,3 +62,35 @@ def test_a_restart_loads_its_train_step_from_the_cache(tmp_path):
   loaded, _ = loaded_and_compiled(train(tmp_path / 'run', cache, steps=2))
   assert 0 < loaded <= len(written)
   assert read_at() > stamp
+
+
+def test_a_second_compile_loads_each_report_from_the_cache(tmp_path,
+                                                           monkeypatch):
+  import jax
+  import jax.numpy as jnp
+  from jaxformer import aot
+  from jaxformer import aot_cache
+  monkeypatch.setenv('JAXFORMER_COMPILATION_CACHE', str(tmp_path))
+  topo = aot.topology('v5e-8')
+  measured = []
+
+  def measure(program, topo, num_devices):
+    measured.append(program.name)
+    program.lower().compile()
+    return {'program': program.name, 'devices': num_devices}
+
+  def program(scale):
+    x = jax.ShapeDtypeStruct((4, 4), jnp.float32)
+    return aot.Program('double', 'train',
+                       lambda: jax.jit(lambda a: a * scale).lower(x))
+
+  assert aot_cache.report(program(2), topo, 8, measure) == {
+      'program': 'double', 'devices': 8}
+  assert aot_cache.report(program(2), topo, 8, measure) == {
+      'program': 'double', 'devices': 8, 'from_cache': True}
+  aot_cache.report(program(3), topo, 8, measure)  # Another program.
+  assert measured == ['double', 'double']
+  monkeypatch.setenv('JAXFORMER_COMPILATION_CACHE', 'off')
+  aot_cache.report(program(2), topo, 8, measure)
+  assert len(measured) == 3
+
