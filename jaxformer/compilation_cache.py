@@ -1,5 +1,6 @@
-"""JAX's persistent compilation cache, so that a restart (and a second
-`jaxformer compile`) loads its compiled programs instead of compiling them.
+"""JAX's persistent compilation cache, so that a restart loads its compiled
+programs instead of compiling them (`jaxformer compile` keeps its reports
+in the same directory: aot_cache.py).
 
 One directory per host, local disk by default: `$XDG_CACHE_HOME/jaxformer/xla`
 (`~/.cache/jaxformer/xla`). JAXFORMER_COMPILATION_CACHE names another (a
@@ -23,6 +24,7 @@ import jax
 # default, are compiled every time and not written) and the compile seconds
 # that hits saved.
 counts = collections.Counter()
+_listening = False
 
 ENV = 'JAXFORMER_COMPILATION_CACHE'
 OFF = ('off', 'none', 'false', '0')
@@ -59,8 +61,9 @@ def enable(environ=os.environ, jax_cache: bool = True) -> str | None:
       jax.config.update('jax_compilation_cache_max_size', LOCAL_MAX_BYTES)
   jax.config.update('jax_enable_compilation_cache', True)
   jax.config.update('jax_compilation_cache_dir', path)
-  if not counts:
-    counts['listening'] = 1
+  global _listening
+  if not _listening:
+    _listening = True
     jax.monitoring.register_event_listener(_count)
     jax.monitoring.register_event_duration_secs_listener(_count_seconds)
   return path

@@ -34,7 +34,8 @@ def train(workdir, cache, steps: int) -> str:
       [sys.executable, '-m', 'jaxformer.cli', 'train', '--config',
        'configs/quickstart.py:runlocal', '--workdir', str(workdir),
        f'--config.train.num_steps={steps}', '--config.checkpoint.every=1',
-       '--config.eval.every=0', '--config.eval.bleu_examples=4'],
+       '--config.eval.every=0', '--config.eval.num_batches=1',
+       '--config.eval.bleu_examples=0', '--config.eval.final_split='],
       env=env, cwd=REPO, capture_output=True, text=True, timeout=600)
   assert result.returncode == 0, result.stderr[-3000:]
   return result.stdout
