@@ -83,5 +83,5 @@ def summary() -> str:
   """'compilation cache: N programs loaded (S s of compiling saved), M
   compiled' since `enable`."""
   return (f'compilation cache: {counts["hits"]} programs loaded '
-          f'({counts["saved_seconds"]:.0f} s of compiling saved), '
+          f'({max(0.0, counts["saved_seconds"]):.0f} s of compiling saved), '
           f'{counts["misses"]} compiled')
