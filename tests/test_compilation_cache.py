@@ -5,6 +5,8 @@ import re
 import subprocess
 import sys
 
+import pytest
+
 from jaxformer import compilation_cache
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -48,6 +50,7 @@ def loaded_and_compiled(output: str) -> tuple[int, int]:
   return int(match.group(1)), int(match.group(2))
 
 
+@pytest.mark.slow
 def test_a_restart_loads_its_train_step_from_the_cache(tmp_path):
   cache = tmp_path / 'xla'
   first = train(tmp_path / 'run', cache, steps=1)
