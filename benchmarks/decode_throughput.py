@@ -12,9 +12,10 @@ part per core, the parts side by side (`cpu_kernels.default_batch_parts`;
 shared CPU, wall time depends on it, process CPU time (all threads) much less.
 
   python benchmarks/decode_throughput.py [--repeats 5] [--batch 8]
-      [--batch_parts N]
+      [--batch_parts N] [--json FILE]
 """
 import argparse
+import json
 import os
 import time
 
@@ -59,6 +60,7 @@ def main():
   parser.add_argument('--repeats', type=int, default=5)
   parser.add_argument('--batch_parts', type=int, default=None,
                       help='default: cpu_kernels.default_batch_parts')
+  parser.add_argument('--json', help='also write the figures to this file')
   args = parser.parse_args()
 
   config = SMALL
@@ -81,12 +83,21 @@ def main():
           params, config, inputs, beam_size=4, max_decode_len=args.output_len,
           eos_id=NO_EOS, batch_parts=parts),
   }
+  figures = {'device': jax.devices()[0].device_kind, 'batch': args.batch,
+             'batch_parts': parts, 'source_len': args.source_len,
+             'output_len': args.output_len, 'runs': {}}
   for name, run in runs.items():
     first, wall, cpu = timed(run, args.repeats)
+    figures['runs'][name] = {'output_tokens_per_s': output_tokens / wall,
+                             'batch_s': wall, 'cpu_s': cpu,
+                             'compile_s': first - wall}
     print(f'{name:>7}: {output_tokens / wall:6.0f} output tokens/s '
           f'({wall * 1e3:.0f} ms per batch, {cpu * 1e3:.0f} ms CPU), '
           f'compile {first - wall:.1f} s; load average '
           f'{os.getloadavg()[0]:.1f}')
+  if args.json:
+    with open(args.json, 'w') as f:
+      json.dump(figures, f, indent=2)
 
 
 if __name__ == '__main__':

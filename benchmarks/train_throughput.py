@@ -35,10 +35,13 @@ MFU. MFU = model FLOPs per step / step time / peak FLOP/s, where
                 + 2 x d_model x vocab per target token (the logits),
 
 (`jaxformer.train.flops.training_flops_per_step`), and the peak is measured
-in the same run: the best FLOP/s of a large `jnp.dot` in the same dtype.
+in the same run: the best FLOP/s of a large `jnp.dot` in the same dtype,
+or the chip's nominal peak with --peak_flops (per device; e.g. 989e12 for
+an H100/H200's dense bf16). --json FILE also writes the figures.
 """
 import argparse
 import dataclasses
+import json
 import resource
 import time
 
@@ -167,6 +170,10 @@ def main():
                       'step beside ours')
   parser.add_argument('--rounds', type=int, default=3,
                       help='with --flax_wmt: alternating rounds of --steps')
+  parser.add_argument('--peak_flops', type=float, default=0.0,
+                      help='MFU against this peak FLOP/s per device '
+                      '(default: the measured best matmul)')
+  parser.add_argument('--json', help='also write the figures to this file')
   args = parser.parse_args()
 
   preset = PRESETS[args.config]
@@ -205,17 +212,32 @@ def main():
           f'params={params / 1e6:.2f}M')
   print(f'model_tflops_per_step={flops / 1e12:.4f}')
   peak_size = 2048 if device.platform == 'cpu' else 8192
+  figures = {'config': args.config, 'dtype': args.dtype,
+             'attention': args.attention, 'device': device.device_kind,
+             'devices': jax.device_count(), 'rows': rows,
+             'source_length': source_length, 'target_length': target_length,
+             'params': steps['ours'][2], 'model_flops_per_step': flops,
+             'compile_s': {n: c for n, (_, c, _) in steps.items()},
+             'rounds': []}
   for round_index in range(args.rounds if args.flax_wmt else 1):
     # The peak in the same round (the machine's speed drifts), the better
     # of a reading before and one after the steps: one reading can catch
     # a moment when other work holds a core.
-    peak = peak_matmul_flops(jnp.dtype(args.dtype), peak_size)
+    measured = peak_matmul_flops(jnp.dtype(args.dtype), peak_size)
     seconds = median_step_seconds(
         {name: run for name, (run, _, _) in steps.items()}, args.steps)
-    peak = max(peak, peak_matmul_flops(jnp.dtype(args.dtype), peak_size))
-    peak *= jax.device_count()
+    measured = max(measured,
+                   peak_matmul_flops(jnp.dtype(args.dtype), peak_size))
+    peak = (args.peak_flops or measured) * jax.device_count()
     line = [f'round {round_index + 1}:',
-            f'peak_matmul_gflops={peak / 1e9:,.0f}']
+            f'peak_matmul_gflops={measured * jax.device_count() / 1e9:,.0f}']
+    if args.peak_flops:
+      line.append(f'mfu_peak_gflops={peak / 1e9:,.0f}')
+    figures['rounds'].append({
+        'measured_peak_flops': measured * jax.device_count(),
+        'mfu_peak_flops': peak, 'steps': {
+            name: {'step_time_s': t, 'tokens_per_s': tokens / t,
+                   'mfu': flops / t / peak} for name, t in seconds.items()}})
     for name, step_time in seconds.items():
       line.append(f'{name}: step_time_s={step_time:.4f} '
                   f'tokens_per_s={tokens / step_time:,.0f} '
@@ -232,6 +254,10 @@ def main():
   peak_rss_mib = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
   print(f'(medians of {args.steps} steps) '
         f'peak_host_memory_mib={peak_rss_mib:,.0f}')
+  if args.json:
+    figures['peak_host_memory_mib'] = peak_rss_mib
+    with open(args.json, 'w') as f:
+      json.dump(figures, f, indent=2)
 
 
 if __name__ == '__main__':

@@ -40,6 +40,7 @@ import jax
 import jax.numpy as jnp
 import ml_collections
 
+from jaxformer import aot_cache
 from jaxformer import decode
 from jaxformer import evaluate
 from jaxformer import hlo
@@ -398,8 +399,7 @@ def compile_run(config: ml_collections.ConfigDict, topology_name: str,
   topo = topology(topology_name)
   config = with_expected_vocabulary(config)
   devices = topology_devices(topo)
-  mesh = parallel.make_mesh(
-      {axis: config.mesh[axis] for axis in parallel.MESH_AXES}, devices)
+  mesh = host_plan.run_mesh(config, devices)
   layout = state_layout(config, mesh)
   plans = rehearse_hosts(config, mesh, layout)
   hosts = len(plans)
@@ -413,8 +413,12 @@ def compile_run(config: ml_collections.ConfigDict, topology_name: str,
   if log:
     log(format_header(report))
     log(format_hosts(report))
-  for program in build_programs(config, mesh, kinds, buckets, layout):
-    report['programs'].append(program_report(program, topo, len(devices)))
+  programs = build_programs(config, mesh, kinds, buckets, layout)
+  if log:
+    log(f'compiling {len(programs)} programs')
+  for program in programs:
+    report['programs'].append(
+        aot_cache.report(program, topo, len(devices), program_report))
     if log:
       log(format_program(report['programs'][-1]))
   return report
@@ -468,7 +472,8 @@ def format_program(p: dict) -> str:
             f'{m["total"]:.2f} GiB of temporaries of {p["hbm_gib"]:g} GiB '
             f'HBM: fits: no\n  ({p["compiler_error"]})')
   lines = [
-      f'{p["program"]}  (compiled in {p["compile_seconds"]:.0f} s)',
+      f'{p["program"]}  ({"from the cache; " * bool(p.get("from_cache"))}'
+      f'compiled in {p["compile_seconds"]:.0f} s)',
       f'  memory per chip: {_bytes(m["arguments"] * GIB)} arguments, '
       f'{_bytes(m["temporaries"] * GIB)} temporaries, '
       f'{_bytes(m["outputs"] * GIB)} outputs, {_bytes(m["aliased"] * GIB)} '

@@ -429,8 +429,19 @@ def main(argv=None) -> int:
     print(f'--config.* overrides apply to the commands that read a config, '
           f'not to `jaxformer {args.command}`.', file=sys.stderr)
     return 2
+  cache = None
+  if args.command not in ('curves', 'average', 'export'):
+    from jaxformer import compilation_cache
+    cache = compilation_cache.enable(  # Before anything compiles.
+        jax_cache=args.command != 'compile')
+    if args.command in ('train', 'compile'):
+      print(f'jaxformer: compilation cache: {cache or "off"} '
+            f'({compilation_cache.ENV}=DIR or off)', flush=True)
   try:
-    return args.run(args, overrides)
+    status = args.run(args, overrides)
+    if cache and args.command == 'train':
+      print(f'jaxformer: {compilation_cache.summary()}', flush=True)
+    return status
   except Exception as e:
     if os.environ.get('JAXFORMER_DEBUG') or not (
         isinstance(e, (ValueError, RuntimeError)) or paths.is_storage_error(e)):

@@ -8,12 +8,12 @@ PACKAGE = pathlib.Path(__file__).resolve().parents[1] / 'jaxformer'
 # Module (or package prefix) -> layer, as in ARCHITECTURE.md.
 LAYERS = {
     'paths': 0, 'parallel': 0, 'config_ranges': 0, 'hlo': 0, 'token_ids': 0,
-    'host_memory': 0, 'row_share': 0,
+    'host_memory': 0, 'row_share': 0, 'compilation_cache': 0,
     'model': 1, 'data': 1,
     'train': 2, 'tasks': 2, 'checkpoint': 2, 'decode': 2, 'hosts': 2,
     'trained': 3, 'evaluate': 3, 'predict': 3, 'plots': 3, 'host_plan': 3,
     'train.loop': 4,
-    'config': 5, 'aot': 5, 'cli': 5,
+    'config': 5, 'aot': 5, 'aot_cache': 5, 'cli': 5,
 }
 
 

@@ -1,0 +1,87 @@
+"""JAX's persistent compilation cache, so that a restart loads its compiled
+programs instead of compiling them (`jaxformer compile` keeps its reports
+in the same directory: aot_cache.py).
+
+One directory per host, local disk by default: `$XDG_CACHE_HOME/jaxformer/xla`
+(`~/.cache/jaxformer/xla`). JAXFORMER_COMPILATION_CACHE names another (a
+gs:// path too), or is `off`; JAX's own JAX_COMPILATION_CACHE_DIR, when set,
+is kept. Entries are keyed by the program, the devices and the jax/XLA
+versions, so runs of other configs or versions can share a directory; on
+local disk it is capped (JAX_COMPILATION_CACHE_MAX_SIZE, default 8 GiB, the
+least recently used entries go first), which makes JAX read and write it
+under a file lock, so processes running at once can share it too. JAX
+writes entries from process 0 only: on several hosts the others find them
+only in a directory all of them read (e.g. a bucket).
+"""
+import collections
+import importlib.util
+import os
+
+import jax
+
+# Since `enable`: cache hits and misses (compiles that went through the
+# cache; those under jax_persistent_cache_min_compile_time_secs, 1 s by
+# default, are compiled every time and not written) and the compile seconds
+# that hits saved.
+counts = collections.Counter()
+_listening = False
+
+ENV = 'JAXFORMER_COMPILATION_CACHE'
+OFF = ('off', 'none', 'false', '0')
+LOCAL_MAX_BYTES = 8 * 1024 ** 3
+
+
+def directory(environ=os.environ) -> str | None:
+  """The cache directory the environment asks for; None when it is off."""
+  chosen = environ.get(ENV)
+  if chosen is not None:
+    chosen = chosen.strip()
+    return None if chosen.lower() in OFF or not chosen else chosen
+  if environ.get('JAX_COMPILATION_CACHE_DIR'):
+    return environ['JAX_COMPILATION_CACHE_DIR']
+  home = environ.get('XDG_CACHE_HOME') or os.path.join(
+      os.path.expanduser('~'), '.cache')
+  return os.path.join(home, 'jaxformer', 'xla')
+
+
+def enable(environ=os.environ, jax_cache: bool = True) -> str | None:
+  """Points JAX's persistent compilation cache at `directory(environ)` (or
+  turns it off: also with jax_cache=False, for `jaxformer compile`, whose
+  executables JAX cannot load back, see aot_cache.py); returns the
+  directory. Call it before the first compile: JAX opens its cache once, at
+  the first compile of the process."""
+  path = directory(environ)
+  if path is None or not jax_cache:
+    jax.config.update('jax_enable_compilation_cache', False)
+    return path
+  if '://' not in path:
+    os.makedirs(path, exist_ok=True)
+    if (jax.config.jax_compilation_cache_max_size == -1  # Not set by the user.
+        and importlib.util.find_spec('filelock')):  # JAX's lock needs it.
+      jax.config.update('jax_compilation_cache_max_size', LOCAL_MAX_BYTES)
+  jax.config.update('jax_enable_compilation_cache', True)
+  jax.config.update('jax_compilation_cache_dir', path)
+  global _listening
+  if not _listening:
+    _listening = True
+    jax.monitoring.register_event_listener(_count)
+    jax.monitoring.register_event_duration_secs_listener(_count_seconds)
+  return path
+
+
+def _count(event: str, **_) -> None:
+  if event.startswith('/jax/compilation_cache/cache_'):
+    counts[event.rpartition('_')[2]] += 1  # 'hits', 'misses'
+
+
+def _count_seconds(event: str, seconds: float, **_) -> None:
+  if event == '/jax/compilation_cache/compile_time_saved_sec':
+    counts['saved_seconds'] += seconds
+
+
+def summary() -> str:
+  """'compilation cache: N programs loaded (S s of compiling saved), M
+  compiled' since `enable`."""
+  return (f'compilation cache: {counts["hits"]} programs loaded '
+          f'({max(0.0, counts["saved_seconds"]):.0f} s of compiling saved), '
+          f'{counts["misses"]} compiled')
