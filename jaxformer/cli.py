@@ -232,10 +232,10 @@ def cmd_attention(args, overrides) -> int:
     raise ValueError(f'--layer must be in [0, {weights.shape[0]}).')
   if args.head is not None and not 0 <= args.head < weights.shape[1]:
     raise ValueError(f'--head must be in [0, {weights.shape[1]}).')
-  source_length = int((rows[0] != 0).sum())
-  eos = decode.EOS_ID
+  source_length = int((rows[0] != model_config.pad_id).sum())
+  eos = model_config.eos_id
   target_length = int(np.argmax(tokens == eos)) + 1 if eos in tokens else int(
-      (tokens != 0).sum())
+      (tokens != model_config.pad_id).sum())
   layer = weights[args.layer]
   grid = layer.mean(0) if args.head is None else layer[args.head]
   grid = grid[:target_length, :source_length]

@@ -58,6 +58,12 @@ class Tokenizer:
   def vocab_size(self) -> int:
     return self._processor.vocab_size()
 
+  # The special ids of this vocabulary (a model carries them too:
+  # ModelConfig.pad_id, eos_id, decoder_start_id).
+  pad_id = PAD_ID
+  eos_id = EOS_ID
+  unk_id = UNK_ID
+
   def serialized_model_proto(self) -> bytes:
     return self._processor.serialized_model_proto()
 
@@ -70,12 +76,12 @@ class Tokenizer:
                                   num_threads=os.cpu_count() or 1)
 
   def decode(self, ids: Iterable[int]) -> str:
-    """Text of `ids` [length] up to the first EOS_ID, ignoring PAD_ID."""
+    """Text of `ids` [length] up to the first EOS, ignoring padding."""
     ids = np.asarray(ids, dtype=np.int64).reshape(-1)
-    eos_positions = np.flatnonzero(ids == EOS_ID)
+    eos_positions = np.flatnonzero(ids == self.eos_id)
     if eos_positions.size:
       ids = ids[:eos_positions[0]]
-    return self._processor.decode(ids[ids != PAD_ID].tolist())
+    return self._processor.decode(ids[ids != self.pad_id].tolist())
 
   def decode_batch(self, ids: np.ndarray) -> list[str]:
     """Texts of each row of `ids` [batch, length]."""
