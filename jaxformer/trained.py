@@ -18,7 +18,7 @@ import optax
 from jaxformer import checkpoint as checkpoint_lib
 from jaxformer import parallel
 from jaxformer import paths
-from jaxformer.data.tokenizer import Tokenizer
+from jaxformer.data.tokenizer import Tokenizer, from_serialized
 from jaxformer.model import config as model_config_lib
 from jaxformer.tasks import Task, get_task
 from jaxformer.train.state import state_shardings
@@ -65,8 +65,7 @@ def local_mesh():
 
 
 def tokenizers_from_extra(extra: dict) -> list[Tokenizer]:
-  return [Tokenizer.from_serialized(base64.b64decode(t))
-          for t in extra['tokenizers']]
+  return [from_serialized(base64.b64decode(t)) for t in extra['tokenizers']]
 
 
 def _trained(params, extra: dict, step: int | None) -> Trained:

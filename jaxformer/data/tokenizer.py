@@ -119,9 +119,20 @@ def train_tokenizer(texts: Iterable[str], model_prefix: str,
   return Tokenizer.from_serialized(model.getvalue(), f'{model_prefix}.model')
 
 
+def from_serialized(data: bytes, name: str = 'model'):
+  """A `Tokenizer` (a SentencePiece model with jaxformer's ids) or a
+  `vocab_tokenizer.VocabTokenizer` (pieces with their own vocabulary, e.g.
+  an imported Marian model's) from its `serialized_model_proto()`."""
+  if data[:1] == b'{':  # JSON; a SentencePiece proto starts with field 1.
+    from jaxformer.data.vocab_tokenizer import VocabTokenizer
+    return VocabTokenizer.from_serialized(data, name)
+  return Tokenizer.from_serialized(data, name)
+
+
 def load_tokenizer(path: str) -> Tokenizer:
-  """Reads a SentencePiece model file (local or gs://)."""
-  return Tokenizer.from_serialized(sources.read_bytes(path), path)
+  """Reads a tokenizer file (local or gs://): a SentencePiece model, or a
+  serialized `VocabTokenizer`."""
+  return from_serialized(sources.read_bytes(path), path)
 
 
 def _check_vocab_size(tokenizer: Tokenizer, path: str, expected: int) -> None:
@@ -231,10 +242,12 @@ def get_or_train(data_config: ml_collections.ConfigDict, workdir: str, *,
   if process_index == 0 and not all(map(paths.exists, models)):
     _create_models(data_config, models)
   tokenizers = []
-  for path in models:
+  sizes = (tok_config.vocab_size,
+           tok_config.get('target_vocab_size', 0) or tok_config.vocab_size)
+  for path, size in zip(models, sizes):
     _wait_for(path, tok_config.get('wait_seconds', 3600))
     tokenizers.append(load_tokenizer(path))
-    _check_vocab_size(tokenizers[-1], path, tok_config.vocab_size)
+    _check_vocab_size(tokenizers[-1], path, size)
   if tok_config.joint:
     return tokenizers[0], tokenizers[0]
   return tokenizers[0], tokenizers[1]
