@@ -1,5 +1,5 @@
 """The `jaxformer` command: train, translate, evaluate, average, attention,
-predict, generate and compile."""
+predict, generate, import and compile."""
 import argparse
 import json
 import os
@@ -215,6 +215,15 @@ def cmd_export(args, overrides) -> int:
   return 0
 
 
+def cmd_import(args, overrides) -> int:
+  from jaxformer.config import default_config
+  from jaxformer.interop import marian
+  config = marian.import_folder(args.from_, args.out, default_config(),
+                                warn=marian.main_warn)
+  print(marian.report(config, args.out))
+  return 0
+
+
 def cmd_attention(args, overrides) -> int:
   import numpy as np
   from jaxformer import decode, evaluate, plots
@@ -390,6 +399,17 @@ def build_parser() -> argparse.ArgumentParser:
                       help='directory to create for the export')
   export.set_defaults(run=cmd_export)
 
+  import_ = commands.add_parser(
+      'import', help='convert a Hugging Face Marian (OPUS-MT) folder into a '
+      'jaxformer export (translate, evaluate, fine-tune it)')
+  import_.add_argument('--from', dest='from_', required=True,
+                       help='a local folder: config.json, model.safetensors '
+                       '(or pytorch_model.bin), source.spm, target.spm, '
+                       'vocab.json')
+  import_.add_argument('--out', required=True,
+                       help='directory to create for the export')
+  import_.set_defaults(run=cmd_import)
+
   compile_ = commands.add_parser(
       'compile', help="compile a run's programs for a TPU topology on this "
       'machine (needs libtpu: pip install -e ".[tpu]") and report memory, '
@@ -411,7 +431,7 @@ def main(argv=None) -> int:
   argv = sys.argv[1:] if argv is None else list(argv)
   rest, overrides = _split_overrides(argv)
   args = build_parser().parse_args(rest)
-  if overrides and args.command in ('curves', 'average', 'export'):
+  if overrides and args.command in ('curves', 'average', 'export', 'import'):
     print(f'--config.* overrides apply to the commands that read a config, '
           f'not to `jaxformer {args.command}`.', file=sys.stderr)
     return 2
