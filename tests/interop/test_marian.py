@@ -160,19 +160,26 @@ def test_tokenisation_equals_marian_tokenizer(imported):
                  skip_special_tokens=True) for row in ids]
 
 
-def test_translate_command_prints_what_generate_decodes(imported, tmp_path,
-                                                         capsys):
+def test_translate_and_evaluate_commands_give_what_generate_decodes(
+    imported, tmp_path, capsys):
   if imported.shape['separate']:
-    pytest.skip('one shape is enough for the command')
+    pytest.skip('one shape is enough for the commands')
   texts = sentences(4, 11)
+  hf = imported.generate(imported.rows(texts), num_beams=1)
+  expected = [imported.hf_tok.decode(row, skip_special_tokens=True)
+              for row in hf]
   (tmp_path / 'in.txt').write_text('\n'.join(texts) + '\n')
   capsys.readouterr()
   assert cli.main(['translate', '--workdir', imported.out, '--input',
                    str(tmp_path / 'in.txt'), '--beam', '1']) == 0
-  printed = capsys.readouterr().out.splitlines()
-  hf = imported.generate(imported.rows(texts), num_beams=1)
-  assert printed == [imported.hf_tok.decode(row, skip_special_tokens=True)
-                     for row in hf]
+  assert capsys.readouterr().out.splitlines() == expected
+  # evaluate decodes the TSV through the data pipeline (padded with 0).
+  (tmp_path / 'test.tsv').write_text(''.join(f'{t}\tx\n' for t in texts))
+  assert cli.main(['evaluate', '--workdir', imported.out, '--beam', '1',
+                   f'--config.data.tsv.test={tmp_path}/test.tsv']) == 0
+  hypotheses = os.path.join(imported.out, 'test_hypotheses.txt')
+  with open(hypotheses) as f:
+    assert f.read().splitlines() == expected
 
 
 # ------------------------------------------------------------ bad inputs ---
