@@ -6,7 +6,6 @@ import json
 import os
 import random
 
-import numpy as np
 import sentencepiece as spm
 
 WORDS = ('the house is small . a cat sat on the mat . we bought forty-two red '
@@ -65,11 +64,6 @@ def write_folder(folder: str, *, separate: bool, activation: str,
   for name, data in files.items():
     with open(os.path.join(folder, name), 'wb') as f:
       f.write(data)
-  with open(os.path.join(folder, 'vocab.json'), 'w') as f:
-    json.dump(vocab, f)
-  if separate:
-    with open(os.path.join(folder, 'target_vocab.json'), 'w') as f:
-      json.dump(target_vocab, f)
   # One pad id for both sides, as Marian's configs have.
   size = max(len(vocab), len(target_vocab))
   vocab = _padded(vocab, size)
@@ -123,8 +117,7 @@ def _std(name: str, scale_embedding: bool) -> float:
 
 def _padded(vocab: dict, size: int) -> dict:
   """vocab with filler pieces before '<pad>' so that it has `size` ids."""
-  pad = vocab.pop('<pad>')
-  del pad
+  del vocab['<pad>']
   for i in range(size - 1 - len(vocab)):
     vocab[f'<filler{i}>'] = len(vocab)
   vocab['<pad>'] = len(vocab)
@@ -150,4 +143,3 @@ def test_texts(count: int, seed: int) -> list[str]:
   return texts + odd
 
 
-__all__ = ['write_folder', 'hf_tokenizer', 'test_texts', 'np']
