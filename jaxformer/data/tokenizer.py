@@ -60,6 +60,12 @@ class Tokenizer:
   def vocab_size(self) -> int:
     return self._processor.vocab_size()
 
+  # The special ids of this vocabulary (a model carries them too:
+  # ModelConfig.pad_id, eos_id, decoder_start_id).
+  pad_id = PAD_ID
+  eos_id = EOS_ID
+  unk_id = UNK_ID
+
   def serialized_model_proto(self) -> bytes:
     return self._processor.serialized_model_proto()
 
@@ -72,12 +78,12 @@ class Tokenizer:
                                   num_threads=os.cpu_count() or 1)
 
   def decode(self, ids: Iterable[int]) -> str:
-    """Text of `ids` [length] up to the first EOS_ID, ignoring PAD_ID."""
+    """Text of `ids` [length] up to the first EOS, ignoring padding."""
     ids = np.asarray(ids, dtype=np.int64).reshape(-1)
-    eos_positions = np.flatnonzero(ids == EOS_ID)
+    eos_positions = np.flatnonzero(ids == self.eos_id)
     if eos_positions.size:
       ids = ids[:eos_positions[0]]
-    return self._processor.decode(ids[ids != PAD_ID].tolist())
+    return self._processor.decode(ids[ids != self.pad_id].tolist())
 
   def decode_batch(self, ids: np.ndarray) -> list[str]:
     """Texts of each row of `ids` [batch, length]."""
@@ -115,9 +121,20 @@ def train_tokenizer(texts: Iterable[str], model_prefix: str,
   return Tokenizer.from_serialized(model.getvalue(), f'{model_prefix}.model')
 
 
+def from_serialized(data: bytes, name: str = 'model'):
+  """A `Tokenizer` (a SentencePiece model with jaxformer's ids) or a
+  `vocab_tokenizer.VocabTokenizer` (pieces with their own vocabulary, e.g.
+  an imported Marian model's) from its `serialized_model_proto()`."""
+  if data[:1] == b'{':  # JSON; a SentencePiece proto starts with field 1.
+    from jaxformer.data.vocab_tokenizer import VocabTokenizer
+    return VocabTokenizer.from_serialized(data, name)
+  return Tokenizer.from_serialized(data, name)
+
+
 def load_tokenizer(path: str) -> Tokenizer:
-  """Reads a SentencePiece model file (local or gs://)."""
-  return Tokenizer.from_serialized(sources.read_bytes(path), path)
+  """Reads a tokenizer file (local or gs://): a SentencePiece model, or a
+  serialized `VocabTokenizer`."""
+  return from_serialized(sources.read_bytes(path), path)
 
 
 def _check_vocab_size(tokenizer: Tokenizer, path: str, expected: int) -> None:
@@ -253,13 +270,15 @@ def get_or_train(data_config: ml_collections.ConfigDict, workdir: str, *,
     expected = json.loads(agree('tokenizer_sha256', lambda: json.dumps(
         [_sha256_of(path) for path in models])))
   tokenizers = []
-  for index, path in enumerate(models):
+  sizes = (tok_config.vocab_size,
+           tok_config.get('target_vocab_size', 0) or tok_config.vocab_size)
+  for index, (path, size) in enumerate(zip(models, sizes)):
     if expected is None:
       _wait_for(path, tok_config.get('wait_seconds', 3600))
     else:
       _check_same_as_process_0(path, expected[index], workdir)
     tokenizers.append(load_tokenizer(path))
-    _check_vocab_size(tokenizers[-1], path, tok_config.vocab_size)
+    _check_vocab_size(tokenizers[-1], path, size)
   if tok_config.joint:
     return tokenizers[0], tokenizers[0]
   return tokenizers[0], tokenizers[1]

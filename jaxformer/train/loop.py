@@ -92,13 +92,31 @@ class StopRequested:
 
 def with_vocabulary(config: ml_collections.ConfigDict, source_tok,
                     target_tok) -> ml_collections.ConfigDict:
-  """The model's vocabulary sizes follow the tokenizers."""
+  """The model's vocabulary sizes and special ids (padding, end of
+  sentence) follow the tokenizers."""
+  if source_tok.pad_id != target_tok.pad_id:
+    raise tokenizer_lib.sources.DataError(
+        f'the source vocabulary pads with id {source_tok.pad_id}, the '
+        f'target one with {target_tok.pad_id}; the model has one pad id')
   config = ml_collections.ConfigDict(config.to_dict())
   config.model.vocab_size = source_tok.vocab_size
   config.model.target_vocab_size = (
       0 if target_tok.vocab_size == source_tok.vocab_size
       else target_tok.vocab_size)
+  config.model.pad_id = source_tok.pad_id
+  config.model.eos_id = target_tok.eos_id
   return config
+
+
+def write_tokenizers(data_config: ml_collections.ConfigDict, workdir: str,
+                     tokenizers) -> None:
+  """Process 0 writes a pretrained model's tokenizers [source, target]
+  where the run keeps its own (unless there already)."""
+  models = tokenizer_lib.model_paths(data_config, workdir)
+  if jax.process_index() != 0 or all(map(paths.exists, models)):
+    return
+  for path, tokenizer in zip(models, tokenizers):
+    paths.write_bytes(path, tokenizer.serialized_model_proto())
 
 
 def with_labels(config: ml_collections.ConfigDict) -> ml_collections.ConfigDict:
@@ -154,6 +172,9 @@ class Trainer:
 
   def _set_up(self, config: ml_collections.ConfigDict) -> None:
     workdir = self.workdir
+    config, pretrained_tokenizers = trained_lib.pretrained_start(config)
+    if pretrained_tokenizers:
+      write_tokenizers(config.data, workdir, pretrained_tokenizers)
     # Process 0's tokenizer hash and token-cache keys are every process's.
     agree = (functools.partial(
         hosts.from_process_0,
@@ -266,9 +287,15 @@ class Trainer:
       self.log(f'Resuming from the checkpoint of step {int(restored.step)} '
                f'in {self.checkpoints.directory}.')
       return restored
-    return create_train_state(self.task, model, self.tx, self.example_batch,
-                              self.mesh, self.rules, self.config.seed,
-                              self.config.train.prng_impl)
+    state = create_train_state(self.task, model, self.tx, self.example_batch,
+                               self.mesh, self.rules, self.config.seed,
+                               self.config.train.prng_impl)
+    start = self.config.init.pretrained
+    if start:
+      self.log(f'Starting from the parameters of {start}.')
+      state = state.replace(params=trained_lib.pretrained_params(
+          start, self.config, self.mesh))
+    return state
 
   def log(self, text: str) -> None:
     if self.is_main:
@@ -434,8 +461,10 @@ class Trainer:
     return state
 
   def _tokens(self, local) -> int:
-    return int(sum(np.count_nonzero(local[k]) for k in ('inputs', 'targets')
-                   if k in local))
+    """Real (not padding) tokens of a batch: segment ids are 0 at padding
+    (token 0 may be a real one, Marian's EOS)."""
+    return int(sum(np.count_nonzero(local.get(f'{k}_segment_ids', local[k]))
+                   for k in ('inputs', 'targets') if k in local))
 
   def _flops(self, local) -> float:
     rows = next(iter(local.values())).shape[0] * jax.process_count()
