@@ -12,7 +12,7 @@ LAYERS = {
     'model': 1, 'data': 1,
     'train': 2, 'tasks': 2, 'checkpoint': 2, 'decode': 2,
     'trained': 3, 'evaluate': 3, 'predict': 3, 'plots': 3,
-    'train.loop': 4,
+    'train.loop': 4, 'interop': 4,
     'config': 5, 'aot': 5, 'cli': 5,
 }
 
