@@ -1,5 +1,5 @@
 """The `jaxformer` command: train, translate, evaluate, average, attention,
-predict, generate and compile."""
+predict, generate, import and compile."""
 import argparse
 import json
 import os
@@ -244,6 +244,15 @@ def cmd_export(args, overrides) -> int:
   return 0
 
 
+def cmd_import(args, overrides) -> int:
+  from jaxformer.config import default_config
+  from jaxformer.interop import marian
+  config = marian.import_folder(args.from_, args.out, default_config(),
+                                warn=marian.main_warn)
+  print(marian.report(config, args.out))
+  return 0
+
+
 def cmd_attention(args, overrides) -> int:
   import numpy as np
   from jaxformer import decode, evaluate, plots
@@ -261,10 +270,10 @@ def cmd_attention(args, overrides) -> int:
     raise ValueError(f'--layer must be in [0, {weights.shape[0]}).')
   if args.head is not None and not 0 <= args.head < weights.shape[1]:
     raise ValueError(f'--head must be in [0, {weights.shape[1]}).')
-  source_length = int((rows[0] != 0).sum())
-  eos = decode.EOS_ID
+  source_length = int((rows[0] != model_config.pad_id).sum())
+  eos = model_config.eos_id
   target_length = int(np.argmax(tokens == eos)) + 1 if eos in tokens else int(
-      (tokens != 0).sum())
+      (tokens != model_config.pad_id).sum())
   layer = weights[args.layer]
   grid = layer.mean(0) if args.head is None else layer[args.head]
   grid = grid[:target_length, :source_length]
@@ -428,6 +437,17 @@ def build_parser() -> argparse.ArgumentParser:
                       'float16 (default: float32)')
   export.set_defaults(run=cmd_export)
 
+  import_ = commands.add_parser(
+      'import', help='convert a Hugging Face Marian (OPUS-MT) folder into a '
+      'jaxformer export (translate, evaluate, fine-tune it)')
+  import_.add_argument('--from', dest='from_', required=True,
+                       help='a local folder: config.json, model.safetensors '
+                       '(or pytorch_model.bin), source.spm, target.spm, '
+                       'vocab.json')
+  import_.add_argument('--out', required=True,
+                       help='directory to create for the export')
+  import_.set_defaults(run=cmd_import)
+
   compile_ = commands.add_parser(
       'compile', help="compile a run's programs for a TPU topology on this "
       'machine (needs libtpu: pip install -e ".[tpu]") and report memory, '
@@ -449,7 +469,7 @@ def main(argv=None) -> int:
   argv = sys.argv[1:] if argv is None else list(argv)
   rest, overrides = _split_overrides(argv)
   args = build_parser().parse_args(rest)
-  if overrides and args.command in ('curves', 'average', 'export'):
+  if overrides and args.command in ('curves', 'average', 'export', 'import'):
     print(f'--config.* overrides apply to the commands that read a config, '
           f'not to `jaxformer {args.command}`.', file=sys.stderr)
     return 2

@@ -34,6 +34,10 @@ def default_config() -> ml_collections.ConfigDict:
   c.seed = 0
   c.model = model_config.to_config_dict(model_config.ModelConfig())
   c.data = default_data_config()
+  # A jaxformer export (`jaxformer import`, `export`, `average`) to start
+  # from: its parameters, model and tokenizers (fine-tuning); '': a fresh
+  # model. A resumed run continues from its own checkpoint.
+  c.init = ml_collections.ConfigDict(dict(pretrained=''))
   c.train = ml_collections.ConfigDict(dict(
       num_steps=100_000,
       schedule='rsqrt',  # rsqrt (the paper) | warmup_rsqrt | warmup_cosine

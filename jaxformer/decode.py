@@ -5,8 +5,10 @@ beam search for `EncoderDecoder`, and sampling (temperature, top-k, top-p) for
 Each search is one `jax.lax.while_loop`, compiled once per config and shapes
 (sentences, source length, decode length, beam size); eos_id, alpha and the
 sampling settings are traced values, so changing them does not recompile.
-Token 0 is padding and the decoder's start token; the end-of-sentence id is an
-argument (`eos_id`; -1 never ends a sentence, so every step runs). Shapes:
+Sources are padded with the model's `pad_id`, the decoder starts from its
+`decoder_start_id` (jaxformer's vocabularies: 0 for both, `token_ids.py`);
+the end-of-sentence id is an argument (`eos_id`, by default the model's;
+-1 never ends a sentence, so every step runs). Shapes:
 `batch` b, `beam` k, decode length `length`, source length s, vocabulary v.
 
 On CPU, where they were measured to pay, the argmax, the beams' top-k, the
@@ -28,7 +30,7 @@ from jaxformer.model.config import ModelConfig
 from jaxformer.model.decoding import (StepFn, encoder_outputs, init_cache,
                                       init_lm_cache, lm_step_fn,
                                       translation_step_fn)
-from jaxformer.token_ids import EOS_ID, PAD_ID
+from jaxformer.token_ids import EOS_ID, PAD_ID  # EOS_ID: re-exported.
 
 NEG_INF = -np.inf
 # Defaults of the `decode` config section and of the searches.
@@ -49,10 +51,10 @@ def decode_length(length: int, extra: int = MAX_EXTRA_LEN,
 
 
 def max_decode_length(inputs, extra: int = MAX_EXTRA_LEN,
-                      max_len: int | None = None) -> int:
-  """`decode_length` of the longest real (non-padding) source in the batch.
+                      max_len: int | None = None, pad_id: int = PAD_ID) -> int:
+  """`decode_length` of the longest real (non-`pad_id`) source in the batch.
   Host-side: `inputs` must be concrete. inputs: [batch, s] int."""
-  longest = int(np.max(np.sum(np.asarray(inputs) != PAD_ID, axis=-1),
+  longest = int(np.max(np.sum(np.asarray(inputs) != pad_id, axis=-1),
                        initial=0))
   return decode_length(longest, extra, max_len)
 
@@ -68,12 +70,13 @@ def _check_decode_length(config: ModelConfig, max_decode_len: int):
                      f'[1, model max_len={config.max_len}].')
 
 
-def previous_tokens(tokens: jax.Array, step: jax.Array) -> jax.Array:
-  """The decoder input at `step`: tokens[..., step - 1], or PAD (the start
-  token) at step 0. tokens: [..., length] -> [...]."""
+def previous_tokens(tokens: jax.Array, step: jax.Array,
+                    start_id: int = PAD_ID) -> jax.Array:
+  """The decoder input at `step`: tokens[..., step - 1], or `start_id` (the
+  model's decoder_start_id) at step 0. tokens: [..., length] -> [...]."""
   last = jax.lax.dynamic_index_in_dim(tokens, jnp.maximum(step - 1, 0),
                                       axis=-1, keepdims=False)
-  return jnp.where(step > 0, last, PAD_ID)
+  return jnp.where(step > 0, last, start_id)
 
 
 # ---------------------------------------------------- token-by-token loop ---
@@ -87,7 +90,8 @@ class TokenLoopState(NamedTuple):
 
 
 def token_loop(step_fn: StepFn, choose_fn, cache, finished: jax.Array,
-               max_decode_len: int, eos_id: int, record_shape=None):
+               max_decode_len: int, eos_id: int, record_shape=None,
+               start_id: int = PAD_ID, pad_id: int = PAD_ID):
   """Decodes one token per row and step until every row has emitted EOS or
   `max_decode_len` tokens.
 
@@ -96,9 +100,10 @@ def token_loop(step_fn: StepFn, choose_fn, cache, finished: jax.Array,
       the identity where step_fn returns the tokens themselves.
     finished: [b] bool, rows that produce nothing (all-padding sources).
     record_shape: (shape, dtype) of step_fn's per-step record, or None.
+    start_id: the first decoder input; pad_id: what follows EOS.
 
   Returns:
-    (tokens [b, max_decode_len] int32, 0 after EOS; records
+    (tokens [b, max_decode_len] int32, pad_id after EOS; records
     [max_decode_len, b, ...] zero after EOS, or None).
   """
   batch = finished.shape[0]
@@ -112,8 +117,9 @@ def token_loop(step_fn: StepFn, choose_fn, cache, finished: jax.Array,
 
   def body(state):
     logits, cache, record = step_fn(
-        state.cache, previous_tokens(state.tokens, state.step), state.step)
-    next_tokens = jnp.where(state.finished, PAD_ID,
+        state.cache, previous_tokens(state.tokens, state.step, start_id),
+        state.step)
+    next_tokens = jnp.where(state.finished, pad_id,
                             choose_fn(logits, state.step))
     records = state.records
     if records is not None:
@@ -126,7 +132,7 @@ def token_loop(step_fn: StepFn, choose_fn, cache, finished: jax.Array,
         cache=cache, records=records)
 
   state = TokenLoopState(jnp.array(0, jnp.int32),
-                         jnp.zeros((batch, max_decode_len), jnp.int32),
+                         jnp.full((batch, max_decode_len), pad_id, jnp.int32),
                          finished, cache, records)
   state = jax.lax.while_loop(not_done, body, state)
   return state.tokens, state.records
@@ -149,11 +155,11 @@ def screens_greedy(config: ModelConfig, inputs: jax.Array) -> bool:
   """Whether greedy decoding of `inputs` [b, s] picks its tokens with
   `cpu_kernels.screened_argmax`: on CPU (where a decoding step is bound by
   memory traffic), for few rows, in float32, with the output layer tied to
-  the embedding (so without bias)."""
+  the embedding and without bias."""
   return (backend.cpu_kernel_applies('int8_screen', backend.platform(inputs),
                                      rows=inputs.shape[0])
           and config.compute_dtype == jnp.float32
-          and config.share_embeddings != 'none')
+          and config.share_embeddings != 'none' and not config.output_bias)
 
 
 @functools.partial(jax.jit, static_argnames=(
@@ -172,39 +178,43 @@ def _greedy_decode(params, inputs, config, max_decode_len, eos_id,
   if return_attention:
     record_shape = ((inputs.shape[0], config.num_decoder_layers,
                      config.num_heads, inputs.shape[1]), jnp.float32)
-  has_source = jnp.any(inputs != PAD_ID, axis=-1)
+  has_source = jnp.any(inputs != config.pad_id, axis=-1)
   tokens, records = token_loop(step_fn, choose_fn, cache, ~has_source,
-                               max_decode_len, eos_id, record_shape)
+                               max_decode_len, eos_id, record_shape,
+                               config.decoder_start_id, config.pad_id)
   if not return_attention:
     return tokens
   return tokens, jnp.transpose(records, (1, 2, 3, 0, 4))
 
 
 def greedy_decode(params, config: ModelConfig, inputs, *,
-                  max_decode_len: int | None = None, eos_id: int = EOS_ID,
-                  return_attention: bool = False,
+                  max_decode_len: int | None = None,
+                  eos_id: int | None = None, return_attention: bool = False,
                   batch_parts: int | None = None):
   """Greedy translation of a batch of sources.
 
   Args:
     params: `EncoderDecoder` parameters (boxed or plain).
-    inputs: [batch, s] int source tokens, right-padded with 0; an all-padding
-      row decodes to zeros.
+    inputs: [batch, s] int source tokens, right-padded with config.pad_id;
+      an all-padding row decodes to pad_id only.
     max_decode_len: defaults to `max_decode_length(inputs,
       max_len=config.max_len)`.
-    eos_id: end-of-sentence id; -1 never stops (every step runs).
+    eos_id: end-of-sentence id (default config.eos_id); -1 never stops
+      (every step runs).
     return_attention: also return cross-attention weights.
     batch_parts: decode this many blocks of sentences concurrently
       (`cpu_kernels.search_in_parts`); defaults to
       `cpu_kernels.default_batch_parts(inputs)`.
 
   Returns:
-    tokens [batch, max_decode_len] int32: EOS included, 0 after it; with
+    tokens [batch, max_decode_len] int32: EOS included, pad_id after it; with
     `return_attention`, (tokens, weights [batch, layers, heads,
     max_decode_len, s] float32, zero after EOS).
   """
   if max_decode_len is None:
-    max_decode_len = max_decode_length(inputs, max_len=config.max_len)
+    max_decode_len = max_decode_length(inputs, max_len=config.max_len,
+                                       pad_id=config.pad_id)
+  eos_id = config.eos_id if eos_id is None else eos_id
   _check_decode_length(config, max_decode_len)
   inputs = jnp.asarray(inputs, jnp.int32)
   params = meta.unbox(params)
@@ -258,7 +268,8 @@ def best_possible_score(alive_logprob: jax.Array, step: jax.Array,
 
 
 def beam_search_step(state: BeamState, step_fn: StepFn, *, alpha, eos_id,
-                     max_decode_len: int, early_exit=True) -> BeamState:
+                     max_decode_len: int, early_exit=True,
+                     start_id: int = PAD_ID) -> BeamState:
   """Extends every live beam by one token.
 
   The 2 * beam best extensions are enough to keep `beam` live ones, as at most
@@ -269,7 +280,8 @@ def beam_search_step(state: BeamState, step_fn: StepFn, *, alpha, eos_id,
   step = state.step
   logits, cache, _ = step_fn(
       state.cache,
-      previous_tokens(state.alive_tokens, step).reshape(batch * beam), step)
+      previous_tokens(state.alive_tokens, step, start_id).reshape(
+          batch * beam), step)
   log_probs = jax.nn.log_softmax(logits).reshape(batch, beam, -1)
   vocab = log_probs.shape[-1]
 
@@ -305,12 +317,12 @@ def beam_search_step(state: BeamState, step_fn: StepFn, *, alpha, eos_id,
 
 
 def initial_beam_state(cache, has_source: jax.Array, beam_size: int,
-                       max_decode_len: int) -> BeamState:
+                       max_decode_len: int, pad_id: int = PAD_ID) -> BeamState:
   """One live beam per sentence (the others at -inf, so the first step
-  expands only it); all-padding rows start done, with an empty (all 0, score
-  0) result."""
+  expands only it); all-padding rows start done, with an empty (all pad_id,
+  score 0) result."""
   batch = has_source.shape[0]
-  tokens = jnp.zeros((batch, beam_size, max_decode_len), jnp.int32)
+  tokens = jnp.full((batch, beam_size, max_decode_len), pad_id, jnp.int32)
   first_beam = jnp.arange(beam_size) == 0
   return BeamState(
       step=jnp.array(0, jnp.int32),
@@ -347,11 +359,13 @@ def _beam_search(params, inputs, config, beam_size, alpha, max_decode_len,
   cache = init_cache(config, params, encoded, segment_ids, max_decode_len)
   step_fn = translation_step_fn(
       config, params, jnp.repeat(segment_ids, beam_size, axis=0))
-  state = initial_beam_state(cache, jnp.any(inputs != PAD_ID, axis=-1),
-                             beam_size, max_decode_len)
+  state = initial_beam_state(
+      cache, jnp.any(inputs != config.pad_id, axis=-1), beam_size,
+      max_decode_len, config.pad_id)
   step = functools.partial(beam_search_step, step_fn=step_fn, alpha=alpha,
                            eos_id=eos_id, max_decode_len=max_decode_len,
-                           early_exit=early_exit)
+                           early_exit=early_exit,
+                           start_id=config.decoder_start_id)
   state = jax.lax.while_loop(
       lambda s: (s.step < max_decode_len) & ~jnp.all(s.done), step, state)
   return (*final_beams(state, max_decode_len, alpha), state.step)
@@ -360,7 +374,7 @@ def _beam_search(params, inputs, config, beam_size, alpha, max_decode_len,
 def beam_search(params, config: ModelConfig, inputs, *,
                 beam_size: int = BEAM_SIZE, alpha: float = ALPHA,
                 max_decode_len: int | None = None,
-                eos_id: int = EOS_ID, early_exit: bool = True,
+                eos_id: int | None = None, early_exit: bool = True,
                 return_steps: bool = False, batch_parts: int | None = None):
   """Beam search translation with GNMT's length penalty.
 
@@ -374,10 +388,11 @@ def beam_search(params, config: ModelConfig, inputs, *,
 
   Args:
     params: `EncoderDecoder` parameters; inputs: [batch, s] int, right-padded
-      with 0 (an all-padding row returns zeros with score 0).
+      with config.pad_id (an all-padding row returns pad_id with score 0).
     max_decode_len: defaults to `max_decode_length(inputs,
       max_len=config.max_len)`.
-    eos_id: -1 never ends a hypothesis (every step runs).
+    eos_id: default config.eos_id; -1 never ends a hypothesis (every step
+      runs).
     early_exit: False runs every step and never freezes a sentence (for
       testing that stopping early changes nothing).
     return_steps: also return how many steps ran ([] int32; with several
@@ -387,11 +402,13 @@ def beam_search(params, config: ModelConfig, inputs, *,
       `cpu_kernels.default_batch_parts(inputs)`.
 
   Returns:
-    (tokens [batch, beam, max_decode_len] int32, best first, 0 after EOS;
+    (tokens [batch, beam, max_decode_len] int32, best first, pad_id after EOS;
     scores [batch, beam] float32), then the step count if `return_steps`.
   """
   if max_decode_len is None:
-    max_decode_len = max_decode_length(inputs, max_len=config.max_len)
+    max_decode_len = max_decode_length(inputs, max_len=config.max_len,
+                                       pad_id=config.pad_id)
+  eos_id = config.eos_id if eos_id is None else eos_id
   _check_decode_length(config, max_decode_len)
   inputs = jnp.asarray(inputs, jnp.int32)
   if beam_size * 2 > config.output_vocab_size:
@@ -454,8 +471,9 @@ def sample_choice(logits: jax.Array, rng: jax.Array, temperature, top_k,
 def _sample(params, prompt_tokens, rng, config, max_decode_len, temperature,
             top_k, top_p, eos_id):
   batch, prompt_width = prompt_tokens.shape
-  prompt = jnp.pad(prompt_tokens, ((0, 0), (0, max_decode_len - prompt_width)))
-  prompt_length = jnp.sum(prompt_tokens != PAD_ID, axis=-1)
+  prompt = jnp.pad(prompt_tokens, ((0, 0), (0, max_decode_len - prompt_width)),
+                   constant_values=config.pad_id)
+  prompt_length = jnp.sum(prompt_tokens != config.pad_id, axis=-1)
 
   def choose_fn(logits, step):
     sampled = sample_choice(logits, jax.random.fold_in(rng, step),
@@ -464,13 +482,15 @@ def _sample(params, prompt_tokens, rng, config, max_decode_len, temperature,
 
   cache = init_lm_cache(config, params, batch, max_decode_len)
   tokens, _ = token_loop(lm_step_fn(config, params), choose_fn, cache,
-                         jnp.zeros((batch,), bool), max_decode_len, eos_id)
+                         jnp.zeros((batch,), bool), max_decode_len, eos_id,
+                         start_id=config.decoder_start_id,
+                         pad_id=config.pad_id)
   return tokens
 
 
 def sample(params, config: ModelConfig, prompt_tokens, rng, *,
            max_decode_len: int, temperature: float = 1.0, top_k: int = 0,
-           top_p: float = 1.0, eos_id: int = EOS_ID):
+           top_p: float = 1.0, eos_id: int | None = None):
   """Samples continuations of prompts from a `DecoderLM`.
 
   The prompt is fed through the cache one position at a time (the cache takes
@@ -478,8 +498,8 @@ def sample(params, config: ModelConfig, prompt_tokens, rng, *,
   softmax(logits / temperature) restricted by top-k, then top-p.
 
   Args:
-    prompt_tokens: [batch, p] int, right-padded with 0 (a row of zeros samples
-      unconditionally); prompts should not contain EOS.
+    prompt_tokens: [batch, p] int, right-padded with config.pad_id (a row of
+      padding samples unconditionally); prompts should not contain EOS.
     rng: a PRNG key; the same key gives the same samples.
     max_decode_len: length of the result, prompt included (<= model max_len).
     temperature: 0 picks the argmax (greedy).
@@ -487,8 +507,9 @@ def sample(params, config: ModelConfig, prompt_tokens, rng, *,
 
   Returns:
     tokens [batch, max_decode_len] int32: prompt, then samples up to and
-    including EOS, then 0.
+    including EOS (default config.eos_id), then pad_id.
   """
+  eos_id = config.eos_id if eos_id is None else eos_id
   _check_decode_length(config, max_decode_len)
   prompt_tokens = jnp.asarray(prompt_tokens, jnp.int32)
   if prompt_tokens.shape[1] > max_decode_len:

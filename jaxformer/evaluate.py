@@ -13,7 +13,7 @@ from jaxformer import decode
 from jaxformer import parallel
 from jaxformer.data import pipeline
 from jaxformer.data import sources
-from jaxformer.data.tokenizer import EOS_ID, Tokenizer
+from jaxformer.data.tokenizer import Tokenizer
 from jaxformer.model.config import ModelConfig
 
 
@@ -38,7 +38,7 @@ def corpus_scores(hypotheses: Sequence[str],
 
 def decode_tokens(params, model_config: ModelConfig, inputs, *,
                   beam_size: int, alpha: float, max_decode_len: int,
-                  eos_id: int = EOS_ID) -> jax.Array:
+                  eos_id: int | None = None) -> jax.Array:
   """Best translation's tokens [batch, max_decode_len] (greedy if beam 1)."""
   if beam_size <= 1:
     return decode.greedy_decode(params, model_config, inputs,
@@ -58,7 +58,7 @@ def encode_sources(source_tok: Tokenizer, sentences: Sequence[str],
                    ) -> tuple[np.ndarray, list[int]]:
   """Token rows [len(sentences), width] (width a multiple of 16, so few
   shapes compile) and the indices of truncated sentences. An empty line
-  becomes an all-padding row."""
+  becomes an all-padding row (the tokenizer's pad_id)."""
   ids = [source_tok.encode([s])[0] if s.strip() else [] for s in sentences]
   too_long = [i for i, row in enumerate(ids) if len(row) > max_length]
   if too_long and on_too_long == 'error':
@@ -69,11 +69,11 @@ def encode_sources(source_tok: Tokenizer, sentences: Sequence[str],
   width = _round_up(max(1, max((min(len(r), max_length) for r in ids),
                                default=1)))
   width = min(width, max(max_length, 1))
-  rows = np.zeros((len(ids), width), np.int32)
+  rows = np.full((len(ids), width), source_tok.pad_id, np.int32)
   for i, row in enumerate(ids):
     row = row[:max_length]
-    if row and len(row) == max_length and row[-1] != EOS_ID:
-      row[-1] = EOS_ID
+    if row and len(row) == max_length and row[-1] != source_tok.eos_id:
+      row[-1] = source_tok.eos_id
     rows[i, :len(row)] = row
   return rows, too_long
 
@@ -101,9 +101,10 @@ def translate(params, model_config: ModelConfig, source_tok: Tokenizer,
     for i in truncated:
       warn(f'warning: line {line - len(batch) + i + 1} is longer than '
            f'{max_source_length} tokens and was truncated.')
-    padded = np.zeros((batch_size, rows.shape[1]), np.int32)
+    padded = np.full((batch_size, rows.shape[1]), model_config.pad_id,
+                     np.int32)
     padded[:len(rows)] = rows
-    longest = int((rows != 0).sum(1).max(initial=0))
+    longest = int((rows != model_config.pad_id).sum(1).max(initial=0))
     decode_len = decode.decode_length(longest, max_extra_len,
                                       model_config.max_len, multiple=16)
     tokens = np.asarray(decode_tokens(params, model_config, padded,

@@ -10,7 +10,7 @@ import numpy as np
 
 from jaxformer import decode
 from jaxformer.data import tasks as data_tasks
-from jaxformer.data.tokenizer import EOS_ID, Tokenizer
+from jaxformer.data.tokenizer import Tokenizer
 from jaxformer.model import ModelConfig
 from jaxformer.tasks import get_task
 
@@ -42,17 +42,16 @@ def generate(params, model_config: ModelConfig, config: ml_collections.ConfigDic
                      f'trained task={config.task!r} (use `jaxformer predict` '
                      'or `jaxformer translate`).')
   max_len = max_len or config.data.max_target_length
-  prompt_ids = [[t for t in ids if t != EOS_ID]
+  prompt_ids = [[t for t in ids if t != tokenizer.eos_id]
                 for ids in tokenizer.encode(list(prompts))]
   width = max(1, max(len(ids) for ids in prompt_ids))
   if width >= max_len:
     raise ValueError(f'a prompt has {width} tokens, not fewer than '
                      f'--max-len={max_len}; shorten it or raise --max-len.')
-  tokens = np.zeros((len(prompt_ids), width), np.int32)
+  tokens = np.full((len(prompt_ids), width), model_config.pad_id, np.int32)
   for row, ids in enumerate(prompt_ids):
     tokens[row, :len(ids)] = ids
   samples = decode.sample(params, model_config, tokens,
                           jax.random.PRNGKey(seed), max_decode_len=max_len,
-                          temperature=temperature, top_k=top_k, top_p=top_p,
-                          eos_id=EOS_ID)
+                          temperature=temperature, top_k=top_k, top_p=top_p)
   return tokenizer.decode_batch(np.asarray(samples))

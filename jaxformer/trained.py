@@ -18,7 +18,7 @@ import optax
 from jaxformer import checkpoint as checkpoint_lib
 from jaxformer import parallel
 from jaxformer import paths
-from jaxformer.data.tokenizer import Tokenizer
+from jaxformer.data.tokenizer import Tokenizer, from_serialized
 from jaxformer.model import config as model_config_lib
 from jaxformer.tasks import Task, get_task
 from jaxformer.train.state import state_shardings
@@ -65,8 +65,7 @@ def local_mesh():
 
 
 def tokenizers_from_extra(extra: dict) -> list[Tokenizer]:
-  return [Tokenizer.from_serialized(base64.b64decode(t))
-          for t in extra['tokenizers']]
+  return [from_serialized(base64.b64decode(t)) for t in extra['tokenizers']]
 
 
 def _trained(params, extra: dict, step: int | None) -> Trained:
@@ -127,6 +126,52 @@ def load(directory: str, step: int | None = None) -> Trained:
     return model
   raise RuntimeError(f'No checkpoint in {reader.directory} could be '
                      'restored: ' + '; '.join(errors))
+
+
+# What fine-tuning may set in the model of the export it starts from: how
+# it computes and regularises, never its parameters' shapes or layout.
+FINETUNE_MODEL_KEYS = ('embedding_dropout', 'residual_dropout',
+                       'attention_dropout', 'ffn_dropout', 'dtype',
+                       'attention_impl', 'remat_policy')
+
+
+def pretrained_start(config: ml_collections.ConfigDict):
+  """For `config.init.pretrained` (an export): (the run config with the export's
+  task, model (but FINETUNE_MODEL_KEYS from `config`) and tokenizer
+  settings, the export's tokenizers [source, target]); (config, None)
+  without one."""
+  directory = config.get('init', {}).get('pretrained', '')
+  if not directory:
+    return config, None
+  if not checkpoint_lib.is_export(directory):
+    raise FileNotFoundError(
+        f'--config.init.pretrained={directory} is not a jaxformer export; make '
+        'one with `jaxformer import --from HF_FOLDER --out DIR` or '
+        '`jaxformer export`.')
+  extra, _ = checkpoint_lib.restore_export(directory)
+  saved = ml_collections.ConfigDict(extra['config'])
+  config = ml_collections.ConfigDict(config.to_dict())
+  if saved.task != config.task:
+    raise ValueError(f'--config.init.pretrained={directory} is a {saved.task!r} '
+                     f'model; this config trains task={config.task!r}.')
+  model = saved.model.to_dict()
+  model.update({k: config.model[k] for k in FINETUNE_MODEL_KEYS})
+  config.model = ml_collections.ConfigDict(model)
+  tokenizer = saved.data.tokenizer
+  config.data.tokenizer.update(
+      joint=tokenizer.joint, vocab_size=tokenizer.vocab_size,
+      target_vocab_size=tokenizer.get('target_vocab_size', 0),
+      model_path='', source_model_path='', target_model_path='')
+  return config, tokenizers_from_extra(extra)
+
+
+def pretrained_params(directory: str, config: ml_collections.ConfigDict,
+                      mesh):
+  """The parameters of the export `directory`, placed as the model of
+  `config` on `mesh` wants them."""
+  _, params = checkpoint_lib.restore_export(
+      directory, lambda extra: abstract_params(config, mesh))
+  return params
 
 
 def export(workdir: str, out: str, step: int | None = None) -> int:

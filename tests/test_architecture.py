@@ -65,3 +65,32 @@ def test_the_data_layer_does_not_import_tasks_or_the_model():
                   if not t.startswith(('jaxformer.data', 'jaxformer.paths',
                                        'jaxformer.token_ids'))
                   }, name
+
+
+FOREIGN = ('transformers', 'torch', 'ctranslate2', 'safetensors')
+
+
+def test_only_commands_import_interop():
+  users = sorted(name for name, path in modules().items()
+                 if not name.startswith('jaxformer.interop')
+                 and any(t.startswith('jaxformer.interop')
+                         for t in imports(path)))
+  assert users == ['jaxformer.cli'], users
+
+
+def test_foreign_frameworks_are_imported_only_inside_interop_functions():
+  """transformers, torch, ctranslate2 and safetensors: only in
+  jaxformer/interop, and only inside functions (when a command needs
+  them)."""
+  wrong = []
+  for name, path in sorted(modules().items()):
+    tree = ast.parse(path.read_text())
+    top_level = set(tree.body)
+    for node in ast.walk(tree):
+      names = ([a.name for a in node.names] if isinstance(node, ast.Import)
+               else [node.module or ''] if isinstance(node, ast.ImportFrom)
+               else [])
+      if any(n.split('.')[0] in FOREIGN for n in names) and (
+          not name.startswith('jaxformer.interop') or node in top_level):
+        wrong.append(f'{name}: {names}')
+  assert not wrong, wrong

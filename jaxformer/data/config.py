@@ -29,6 +29,7 @@ def default_data_config() -> ml_collections.ConfigDict:
           # mostly single letters (twice the tokens per sentence).
           type='bpe',
           vocab_size=512,  # per model; the built-in data allows at most ~600
+          target_vocab_size=0,  # joint=False: the target model's; 0: vocab_size
           character_coverage=1.0,
           sample_size=20_000,  # train pairs sampled to train the tokenizer
           joint=True,

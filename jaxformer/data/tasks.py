@@ -84,14 +84,17 @@ def parse_values(texts: Sequence[str], dim: int, split: str) -> np.ndarray:
 def pad_token_rows(token_lists: Sequence[Sequence[int]], width: int
                    ) -> dict[str, np.ndarray]:
   """'inputs', 'inputs_segment_ids', 'inputs_positions' [examples, width]
-  int32: one example per row, cut to `width` tokens (ending with EOS)."""
+  int32: one example per row, cut to `width` tokens (still ending with its
+  last token, EOS); segment id 0 marks padding."""
   tokens = np.zeros((len(token_lists), width), np.int32)
+  lengths = np.zeros((len(token_lists), 1), np.int32)
   for row, ids in enumerate(token_lists):
-    ids = list(ids[:width])
-    if len(ids) == width:
-      ids[-1] = tokenizer_lib.EOS_ID
-    tokens[row, :len(ids)] = ids
-  present = tokens != 0
+    cut = list(ids[:width])
+    if cut and len(ids) > width:
+      cut[-1] = ids[-1]
+    tokens[row, :len(cut)] = cut
+    lengths[row] = len(cut)
+  present = np.arange(width) < lengths
   positions = np.where(present, np.arange(width, dtype=np.int32), 0)
   return {'inputs': tokens, 'inputs_segment_ids': present.astype(np.int32),
           'inputs_positions': positions}

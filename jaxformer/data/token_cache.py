@@ -105,7 +105,7 @@ class RaggedTokens:
   """One side's token ids of a split's examples, stored in shards.
 
   Example i is tokens [starts[i], starts[i] + lengths[i]) of the shards laid
-  end to end, and ends with EOS_ID.
+  end to end, and ends with its vocabulary's EOS.
   """
   shards: tuple  # [shard tokens] arrays, memory maps or RemoteNpy
   shard_starts: np.ndarray  # [shards + 1] int64: first token of each shard
@@ -127,26 +127,35 @@ class RaggedTokens:
 
   def gather(self, rows: np.ndarray, max_length: int | None = None
              ) -> tuple[np.ndarray, np.ndarray]:
-    """Examples `rows` [k], each cut to `max_length` still ending in EOS_ID.
+    """Examples `rows` [k], each cut to `max_length` still ending in its
+    last token (EOS).
 
     Returns:
       tokens [total] int32 and row splits [k + 1] int64.
     """
-    lengths = self.lengths[rows].astype(np.int64)
+    full_lengths = self.lengths[rows].astype(np.int64)
+    lengths = full_lengths
     if max_length is not None:
       lengths = np.minimum(lengths, max_length)
     splits = np.concatenate([[0], np.cumsum(lengths)])
     offsets = np.arange(splits[-1]) - np.repeat(splits[:-1], lengths)
-    index = np.repeat(self.starts[rows], lengths) + offsets
+    tokens = self._read(np.repeat(self.starts[rows], lengths) + offsets)
+    cut = (lengths < full_lengths) & (lengths > 0)
+    if cut.any():
+      tokens[splits[1:][cut] - 1] = self._read(
+          self.starts[rows][cut] + full_lengths[cut] - 1)
+    return tokens, splits
+
+  def _read(self, index: np.ndarray) -> np.ndarray:
+    """The tokens [n] int32 at positions `index` [n] of the shards laid end
+    to end."""
     shard_of = np.searchsorted(self.shard_starts, index, side='right') - 1
     tokens = np.empty(len(index), np.int32)
     for shard in np.unique(shard_of):
       mine = shard_of == shard
       tokens[mine] = _take(self.shards[shard], index[mine] -
                            self.shard_starts[shard])
-    if max_length is not None and len(rows):
-      tokens[splits[1:][lengths > 0] - 1] = tokenizer_lib.EOS_ID
-    return tokens, splits
+    return tokens
 
 
 @dataclasses.dataclass(frozen=True)

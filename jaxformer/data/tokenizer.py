@@ -58,6 +58,12 @@ class Tokenizer:
   def vocab_size(self) -> int:
     return self._processor.vocab_size()
 
+  # The special ids of this vocabulary (a model carries them too:
+  # ModelConfig.pad_id, eos_id, decoder_start_id).
+  pad_id = PAD_ID
+  eos_id = EOS_ID
+  unk_id = UNK_ID
+
   def serialized_model_proto(self) -> bytes:
     return self._processor.serialized_model_proto()
 
@@ -70,12 +76,12 @@ class Tokenizer:
                                   num_threads=os.cpu_count() or 1)
 
   def decode(self, ids: Iterable[int]) -> str:
-    """Text of `ids` [length] up to the first EOS_ID, ignoring PAD_ID."""
+    """Text of `ids` [length] up to the first EOS, ignoring padding."""
     ids = np.asarray(ids, dtype=np.int64).reshape(-1)
-    eos_positions = np.flatnonzero(ids == EOS_ID)
+    eos_positions = np.flatnonzero(ids == self.eos_id)
     if eos_positions.size:
       ids = ids[:eos_positions[0]]
-    return self._processor.decode(ids[ids != PAD_ID].tolist())
+    return self._processor.decode(ids[ids != self.pad_id].tolist())
 
   def decode_batch(self, ids: np.ndarray) -> list[str]:
     """Texts of each row of `ids` [batch, length]."""
@@ -113,9 +119,20 @@ def train_tokenizer(texts: Iterable[str], model_prefix: str,
   return Tokenizer.from_serialized(model.getvalue(), f'{model_prefix}.model')
 
 
+def from_serialized(data: bytes, name: str = 'model'):
+  """A `Tokenizer` (a SentencePiece model with jaxformer's ids) or a
+  `vocab_tokenizer.VocabTokenizer` (pieces with their own vocabulary, e.g.
+  an imported Marian model's) from its `serialized_model_proto()`."""
+  if data[:1] == b'{':  # JSON; a SentencePiece proto starts with field 1.
+    from jaxformer.data.vocab_tokenizer import VocabTokenizer
+    return VocabTokenizer.from_serialized(data, name)
+  return Tokenizer.from_serialized(data, name)
+
+
 def load_tokenizer(path: str) -> Tokenizer:
-  """Reads a SentencePiece model file (local or gs://)."""
-  return Tokenizer.from_serialized(sources.read_bytes(path), path)
+  """Reads a tokenizer file (local or gs://): a SentencePiece model, or a
+  serialized `VocabTokenizer`."""
+  return from_serialized(sources.read_bytes(path), path)
 
 
 def _check_vocab_size(tokenizer: Tokenizer, path: str, expected: int) -> None:
@@ -225,10 +242,12 @@ def get_or_train(data_config: ml_collections.ConfigDict, workdir: str, *,
   if process_index == 0 and not all(map(paths.exists, models)):
     _create_models(data_config, models)
   tokenizers = []
-  for path in models:
+  sizes = (tok_config.vocab_size,
+           tok_config.get('target_vocab_size', 0) or tok_config.vocab_size)
+  for path, size in zip(models, sizes):
     _wait_for(path, tok_config.get('wait_seconds', 3600))
     tokenizers.append(load_tokenizer(path))
-    _check_vocab_size(tokenizers[-1], path, tok_config.vocab_size)
+    _check_vocab_size(tokenizers[-1], path, size)
   if tok_config.joint:
     return tokenizers[0], tokenizers[0]
   return tokenizers[0], tokenizers[1]

@@ -1,5 +1,4 @@
-"""Models in and out of other formats: CTranslate2 and Hugging Face Marian.
-
-`transformers`, `torch` and `ctranslate2` are imported only inside these
-modules, and only by the function that needs them.
-"""
+"""Other frameworks' models in and out of jaxformer (Hugging Face Marian,
+CTranslate2, the PyTorch reference Transformer). Imported only by the
+commands; `transformers`, `torch` and `ctranslate2` only inside the
+functions that need them."""

@@ -14,8 +14,9 @@ from jaxformer.model.backend import ATTENTION_IMPLS
 CHOICES = {
     'share_embeddings': ('all', 'target', 'none'),
     'norm_position': ('post', 'pre'),
-    'activation': ('relu', 'gelu'),
+    'activation': ('relu', 'gelu', 'gelu_exact', 'swish'),
     'position_embedding': ('sinusoidal', 'learned'),
+    'sinusoid_layout': ('interleaved', 'halves'),
     'dtype': ('float32', 'bfloat16', 'auto'),
     'attention_impl': ATTENTION_IMPLS,
     'pooling': ('first', 'mean'),
@@ -31,6 +32,25 @@ class ModelConfig:
     projection (the paper); 'target' ties target embedding and output
     projection; 'none' keeps all three separate, with a biased output
     projection (the PyTorch reference).
+  activation: of the FFN; 'gelu' is the tanh approximation, 'gelu_exact'
+    the erf form (Hugging Face's 'gelu'), 'swish' is SiLU, x * sigmoid(x).
+  sinusoid_layout: 'interleaved' (the paper: sin at even features, cos at
+    odd ones) or 'halves' (Marian: sin in the first half, cos in the second).
+    Positions count from 0 in both.
+  scale_embedding: multiply token embeddings by sqrt(d_model).
+  output_bias: a learned bias on the output projection also when it is tied
+    to an embedding (Marian's final_logits_bias); share_embeddings='none'
+    always has one.
+  pad_id, eos_id, decoder_start_id: the special ids of the vocabulary the
+    model was trained with (`Tokenizer.pad_id` ...): padding, end of
+    sentence, and the decoder's first input (targets are shifted right with
+    it). jaxformer's own tokenizers use 0, 1, 0 (`token_ids.py`); Marian's
+    vocabularies end with the pad id, which also starts the decoder.
+  zero_pad_embedding: the pad_id row of every embedding table is held at
+    zero in the forward pass (so training never moves it, and with tied
+    embeddings the pad logit is the output bias alone): the decoder then
+    starts from the zero vector (plus position 0), as Marian and CTranslate2
+    assume.
   """
   vocab_size: int = 8000
   target_vocab_size: int = 0  # 0: same as vocab_size.
@@ -44,6 +64,13 @@ class ModelConfig:
   norm_position: str = 'post'
   activation: str = 'relu'
   position_embedding: str = 'sinusoidal'
+  sinusoid_layout: str = 'interleaved'
+  scale_embedding: bool = True
+  output_bias: bool = False
+  pad_id: int = 0
+  eos_id: int = 1
+  decoder_start_id: int = 0
+  zero_pad_embedding: bool = False
   embedding_dropout: float = 0.1
   residual_dropout: float = 0.1
   attention_dropout: float = 0.0
@@ -73,6 +100,12 @@ class ModelConfig:
       raise ValueError(
           "model.share_embeddings='all' needs one vocabulary: set "
           'model.target_vocab_size=0 or share_embeddings to target/none.')
+    for key, size in (('pad_id', self.vocab_size),
+                      ('eos_id', self.output_vocab_size),
+                      ('decoder_start_id', self.output_vocab_size)):
+      if not 0 <= getattr(self, key) < size:
+        raise ValueError(f'model.{key}={getattr(self, key)} is outside the '
+                         f'vocabulary [0, {size}).')
 
   @property
   def head_dim(self) -> int:

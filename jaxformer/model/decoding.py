@@ -9,7 +9,6 @@ import jax.numpy as jnp
 
 from jaxformer.model.config import ModelConfig
 from jaxformer.model.transformer import DecoderLM, EncoderDecoder
-from jaxformer.token_ids import PAD_ID
 
 # step_fn(cache, previous_tokens [rows], step []) -> (logits [rows, v], cache,
 # record): one decoder position for every row; `record` is an optional per-step
@@ -18,8 +17,9 @@ StepFn = Callable[[Any, jax.Array, jax.Array], tuple[jax.Array, Any, Any]]
 
 
 def encoder_outputs(config: ModelConfig, params, inputs: jax.Array):
-  """inputs [b, s] -> (encoded [b, s, d_model], segment ids [b, s])."""
-  segment_ids = (inputs != PAD_ID).astype(jnp.int32)
+  """inputs [b, s], padded with config.pad_id -> (encoded [b, s, d_model],
+  segment ids [b, s])."""
+  segment_ids = (inputs != config.pad_id).astype(jnp.int32)
   encoded = EncoderDecoder(config).apply(
       {'params': params}, inputs, segment_ids, method='encode')
   return encoded, segment_ids

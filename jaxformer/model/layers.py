@@ -13,9 +13,12 @@ from jaxformer.model import backend, cpu_kernels
 from jaxformer.model.config import ModelConfig
 
 
-def sinusoidal_positions(max_len: int, d_model: int) -> np.ndarray:
-  """The paper's table: PE[pos, 2i] = sin(pos / 10000^(2i/d_model)),
-  PE[pos, 2i+1] = cos(pos / 10000^(2i/d_model)).
+def sinusoidal_positions(max_len: int, d_model: int,
+                         layout: str = 'interleaved') -> np.ndarray:
+  """The sinusoid table, angles pos / 10000^(2i/d_model) for positions
+  0..max_len-1. 'interleaved' (the paper): PE[pos, 2i] = sin, PE[pos, 2i+1]
+  = cos; 'halves' (Marian): the ceil(d/2) sines, then the floor(d/2)
+  cosines.
 
   Returns:
     [max_len, d_model] float32.
@@ -23,9 +26,12 @@ def sinusoidal_positions(max_len: int, d_model: int) -> np.ndarray:
   position = np.arange(max_len, dtype=np.float64)[:, None]
   two_i = np.arange(0, d_model, 2, dtype=np.float64)[None, :]
   angle = position / np.power(10000.0, two_i / d_model)
+  sines, cosines = np.sin(angle), np.cos(angle[:, : d_model // 2])
+  if layout == 'halves':
+    return np.concatenate([sines, cosines], axis=1).astype(np.float32)
   table = np.zeros((max_len, d_model), dtype=np.float64)
-  table[:, 0::2] = np.sin(angle)
-  table[:, 1::2] = np.cos(angle[:, : d_model // 2])
+  table[:, 0::2] = sines
+  table[:, 1::2] = cosines
   return table.astype(np.float32)
 
 
@@ -49,8 +55,9 @@ def matmuls(x: jax.Array, kernels, preferred_element_type=None
 
 
 class Embed(nn.Module):
-  """Token embedding, scaled by sqrt(d_model); `attend` reuses the table as
-  the output projection (tied embeddings)."""
+  """Token embedding, scaled by sqrt(d_model) (config.scale_embedding);
+  `attend` reuses the table as the output projection (tied embeddings). With
+  config.zero_pad_embedding the pad row reads as zeros."""
   vocab_size: int
   config: ModelConfig
 
@@ -62,16 +69,27 @@ class Embed(nn.Module):
             nn.initializers.normal(stddev=d_model ** -0.5), ('vocab', 'embed')),
         (self.vocab_size, d_model), jnp.float32)
 
+  def weights(self) -> jax.Array:
+    """The table [vocab, d_model] as the model uses it, in the compute
+    dtype."""
+    cfg = self.config
+    table = jnp.asarray(self.table, cfg.compute_dtype)
+    if cfg.zero_pad_embedding:
+      is_pad = jnp.arange(self.vocab_size)[:, None] == cfg.pad_id
+      table = jnp.where(is_pad, jnp.zeros((), table.dtype), table)
+    return table
+
   def __call__(self, ids: jax.Array) -> jax.Array:
     """[batch, length] int -> [batch, length, d_model]."""
-    table = jnp.asarray(self.table, self.config.compute_dtype)
-    return jnp.take(table, ids, axis=0) * jnp.sqrt(
-        jnp.asarray(self.config.d_model, table.dtype))
+    table = self.weights()
+    x = jnp.take(table, ids, axis=0)
+    if not self.config.scale_embedding:
+      return x
+    return x * jnp.sqrt(jnp.asarray(self.config.d_model, table.dtype))
 
   def attend(self, x: jax.Array) -> jax.Array:
     """[batch, length, d_model] -> [batch, length, vocab] float32 logits."""
-    table = jnp.asarray(self.table, self.config.compute_dtype)
-    return matmuls(x, [table], preferred_element_type=jnp.float32)[0]
+    return matmuls(x, [self.weights()], preferred_element_type=jnp.float32)[0]
 
 
 class AddPositions(nn.Module):
@@ -83,7 +101,8 @@ class AddPositions(nn.Module):
     """x: [batch, length, d_model]; positions: [batch, length] int."""
     cfg = self.config
     if cfg.position_embedding == 'sinusoidal':
-      table = jnp.asarray(sinusoidal_positions(cfg.max_len, cfg.d_model))
+      table = jnp.asarray(sinusoidal_positions(cfg.max_len, cfg.d_model,
+                                               cfg.sinusoid_layout))
     else:
       table = self.param(
           'position_embedding',
@@ -214,6 +233,14 @@ class Dropout(nn.Module):
     return dropout(x, self.rate, self.make_rng('dropout'))
 
 
+ACTIVATIONS = {
+    'relu': nn.relu,
+    'gelu': nn.gelu,  # The tanh approximation.
+    'gelu_exact': lambda x: nn.gelu(x, approximate=False),
+    'swish': nn.swish,
+}
+
+
 class FeedForward(nn.Module):
   """FFN(x) = act(x W1 + b1) W2 + b2, applied at every position."""
   config: ModelConfig
@@ -225,7 +252,7 @@ class FeedForward(nn.Module):
     cfg = self.config
     h = Linear((cfg.d_ff,), ('mlp', 'embed'), cfg, use_bias=cfg.use_bias,
                name='wi')(x)
-    h = nn.relu(h) if cfg.activation == 'relu' else nn.gelu(h)
+    h = ACTIVATIONS[cfg.activation](h)
     h = nn.with_logical_constraint(h, ('batch', 'length', 'mlp'))
     h = Dropout(cfg.ffn_dropout)(h, deterministic=self.deterministic)
     return Linear((cfg.d_model,), ('embed', 'mlp'), cfg, use_bias=cfg.use_bias,

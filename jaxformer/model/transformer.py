@@ -1,9 +1,10 @@
 """Transformer models: encoder, decoder, encoder-decoder (translation),
 encoder-only classifier/regressor and decoder-only language model.
 
-Token id 0 is padding; it is also the decoder's start token (targets are
-shifted right by one inside the model). Segment ids mark packed examples
-(0 = padding); positions restart at 0 in each segment.
+Token ids `config.pad_id` are padding; targets are shifted right by one
+inside the model, with `config.decoder_start_id` first (jaxformer's own
+vocabularies: 0 for both). Segment ids mark packed examples (0 = padding);
+positions restart at 0 in each segment.
 """
 import jax
 import jax.numpy as jnp
@@ -21,21 +22,24 @@ REMAT_POLICIES = {
 }
 
 
-def shift_right(targets: jax.Array, segment_ids: jax.Array) -> jax.Array:
-  """Decoder inputs: targets moved one step right, 0 at each segment start.
+def shift_right(targets: jax.Array, segment_ids: jax.Array,
+                start_id: int = 0) -> jax.Array:
+  """Decoder inputs: targets moved one step right, `start_id` at each
+  segment start.
 
   Args:
     targets, segment_ids: [batch, length] int.
   """
   shifted = jnp.pad(targets, ((0, 0), (1, 0)))[:, :-1]
   previous_segment = jnp.pad(segment_ids, ((0, 0), (1, 0)))[:, :-1]
-  return jnp.where(segment_ids == previous_segment, shifted, 0)
+  return jnp.where(segment_ids == previous_segment, shifted, start_id)
 
 
-def default_segments(tokens, segment_ids, positions):
-  """Unpacked defaults: segment 1 for real tokens, positions 0..length-1."""
+def default_segments(tokens, segment_ids, positions, pad_id: int = 0):
+  """Unpacked defaults: segment 1 for real tokens (not `pad_id`), positions
+  0..length-1."""
   if segment_ids is None:
-    segment_ids = (tokens != 0).astype(jnp.int32)
+    segment_ids = (tokens != pad_id).astype(jnp.int32)
   if positions is None:
     positions = jnp.broadcast_to(jnp.arange(tokens.shape[1]), tokens.shape)
   return segment_ids, positions
@@ -159,8 +163,9 @@ class Decoder(nn.Module):
       encoder_segment_ids: [batch, s] int or None.
       output_fn: computes what is returned instead of the logits, from the
         last hidden states [batch, t, d_model] and the output layer, kernel
-        [vocab, d_model] and bias [vocab] (None when tied to the embedding),
-        in the compute dtype: `output_fn(x, kernel, bias)`.
+        [vocab, d_model] and bias [vocab] (None when tied to the embedding
+        without config.output_bias), in the compute dtype:
+        `output_fn(x, kernel, bias)`.
       packed: False promises one example per row, in the decoder and the
         encoder (see `Segments`).
 
@@ -189,10 +194,17 @@ class Decoder(nn.Module):
         return output_fn(x, *head.weights((cfg.d_model,)))
       logits = head(x)
     else:
+      bias = None
+      if cfg.output_bias:
+        bias = self.param('output_bias', nn.with_logical_partitioning(
+            nn.initializers.zeros, ('vocab',)), (cfg.output_vocab_size,),
+                          jnp.float32)
       if output_fn is not None:
-        return output_fn(x, jnp.asarray(self.embed.table, cfg.compute_dtype),
-                         None)
+        return output_fn(x, self.embed.weights(), None if bias is None
+                         else bias.astype(cfg.compute_dtype))
       logits = self.embed.attend(x)
+      if bias is not None:
+        logits = logits + bias
     return nn.with_logical_constraint(logits.astype(jnp.float32),
                                       ('batch', 'length', 'vocab'))
 
@@ -222,8 +234,8 @@ class EncoderDecoder(nn.Module):
     """[batch, s] int -> [batch, s, d_model]. Without segment ids, rows are
     single examples (which lets cuDNN attention take them)."""
     packed = inputs_segment_ids is not None
-    segment_ids, positions = default_segments(inputs, inputs_segment_ids,
-                                              inputs_positions)
+    segment_ids, positions = default_segments(
+        inputs, inputs_segment_ids, inputs_positions, self.config.pad_id)
     return self.encoder(inputs, segment_ids, positions, packed)
 
   def decode_logits(self, encoded, inputs_segment_ids, decoder_inputs,
@@ -251,14 +263,17 @@ class EncoderDecoder(nn.Module):
     """
     packed = (inputs_segment_ids is not None
               or targets_segment_ids is not None)
+    pad_id = self.config.pad_id
     inputs_segment_ids, inputs_positions = default_segments(
-        inputs, inputs_segment_ids, inputs_positions)
+        inputs, inputs_segment_ids, inputs_positions, pad_id)
     targets_segment_ids, targets_positions = default_segments(
-        targets, targets_segment_ids, targets_positions)
+        targets, targets_segment_ids, targets_positions, pad_id)
     encoded = self.encoder(inputs, inputs_segment_ids, inputs_positions,
                            packed)
     return self.decode_logits(
-        encoded, inputs_segment_ids, shift_right(targets, targets_segment_ids),
+        encoded, inputs_segment_ids,
+        shift_right(targets, targets_segment_ids,
+                    self.config.decoder_start_id),
         targets_segment_ids, targets_positions, output_fn, packed)
 
 
@@ -281,10 +296,12 @@ class DecoderLM(nn.Module):
                targets_positions=None, output_fn=None):
     """[batch, t] int -> [batch, t, vocab]: logits for targets[:, i] given
     targets[:, :i] (or output_fn's result, see `Decoder`)."""
+    cfg = self.config
     packed = targets_segment_ids is not None
     segment_ids, positions = default_segments(targets, targets_segment_ids,
-                                              targets_positions)
-    return self.decoder(shift_right(targets, segment_ids), segment_ids,
+                                              targets_positions, cfg.pad_id)
+    return self.decoder(shift_right(targets, segment_ids,
+                                    cfg.decoder_start_id), segment_ids,
                         positions, output_fn=output_fn, packed=packed)
 
 
@@ -306,8 +323,8 @@ class PooledEncoder(nn.Module):
   def __call__(self, inputs, inputs_segment_ids=None, inputs_positions=None):
     """[batch, s] int -> [batch, d_model] (compute dtype)."""
     packed = inputs_segment_ids is not None
-    segment_ids, positions = default_segments(inputs, inputs_segment_ids,
-                                              inputs_positions)
+    segment_ids, positions = default_segments(
+        inputs, inputs_segment_ids, inputs_positions, self.config.pad_id)
     embed = layers.Embed(self.config.vocab_size, self.config, name='embed')
     x = Encoder(self.config, embed, self.deterministic, name='encoder')(
         inputs, segment_ids, positions, packed)

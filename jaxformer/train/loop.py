@@ -90,13 +90,31 @@ class StopRequested:
 
 def with_vocabulary(config: ml_collections.ConfigDict, source_tok,
                     target_tok) -> ml_collections.ConfigDict:
-  """The model's vocabulary sizes follow the tokenizers."""
+  """The model's vocabulary sizes and special ids (padding, end of
+  sentence) follow the tokenizers."""
+  if source_tok.pad_id != target_tok.pad_id:
+    raise tokenizer_lib.sources.DataError(
+        f'the source vocabulary pads with id {source_tok.pad_id}, the '
+        f'target one with {target_tok.pad_id}; the model has one pad id')
   config = ml_collections.ConfigDict(config.to_dict())
   config.model.vocab_size = source_tok.vocab_size
   config.model.target_vocab_size = (
       0 if target_tok.vocab_size == source_tok.vocab_size
       else target_tok.vocab_size)
+  config.model.pad_id = source_tok.pad_id
+  config.model.eos_id = target_tok.eos_id
   return config
+
+
+def write_tokenizers(data_config: ml_collections.ConfigDict, workdir: str,
+                     tokenizers) -> None:
+  """Process 0 writes a pretrained model's tokenizers [source, target]
+  where the run keeps its own (unless there already)."""
+  models = tokenizer_lib.model_paths(data_config, workdir)
+  if jax.process_index() != 0 or all(map(paths.exists, models)):
+    return
+  for path, tokenizer in zip(models, tokenizers):
+    paths.write_bytes(path, tokenizer.serialized_model_proto())
 
 
 def with_labels(config: ml_collections.ConfigDict) -> ml_collections.ConfigDict:
@@ -145,6 +163,9 @@ class Trainer:
 
   def _set_up(self, config: ml_collections.ConfigDict) -> None:
     workdir = self.workdir
+    config, pretrained_tokenizers = trained_lib.pretrained_start(config)
+    if pretrained_tokenizers:
+      write_tokenizers(config.data, workdir, pretrained_tokenizers)
     self.source_tok, self.target_tok = tokenizer_lib.get_or_train(
         config.data, workdir)
     self.config = with_labels(
@@ -247,9 +268,15 @@ class Trainer:
       self.log(f'Resuming from the checkpoint of step {int(restored.step)} '
                f'in {self.checkpoints.directory}.')
       return restored
-    return create_train_state(self.task, model, self.tx, self.example_batch,
-                              self.mesh, self.rules, self.config.seed,
-                              self.config.train.prng_impl)
+    state = create_train_state(self.task, model, self.tx, self.example_batch,
+                               self.mesh, self.rules, self.config.seed,
+                               self.config.train.prng_impl)
+    start = self.config.init.pretrained
+    if start:
+      self.log(f'Starting from the parameters of {start}.')
+      state = state.replace(params=trained_lib.pretrained_params(
+          start, self.config, self.mesh))
+    return state
 
   def log(self, text: str) -> None:
     if self.is_main:

@@ -58,7 +58,7 @@ def test_unknown_key_is_named():
 
 @pytest.mark.parametrize('key, value', [
     ('norm_position', 'middle'),
-    ('activation', 'swish'),
+    ('activation', 'tanh'),
     ('share_embeddings', 'some'),
     ('attention_impl', 'flash'),
     ('remat_policy', 'everything'),

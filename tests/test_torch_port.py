@@ -10,7 +10,7 @@ torch = pytest.importorskip('torch')
 from torch import nn  # noqa: E402
 
 from jaxformer.model import EncoderDecoder  # noqa: E402
-from jaxformer.model.torch_port import (config_from_state_dict,  # noqa: E402
+from jaxformer.interop.torch_port import (config_from_state_dict,  # noqa: E402
                                         config_from_torch,
                                         params_from_torch_state_dict)
 

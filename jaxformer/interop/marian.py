@@ -1,0 +1,370 @@
+"""`jaxformer import`: a Hugging Face Marian (OPUS-MT) folder -> a jaxformer
+export, which `translate`, `evaluate`, `attention` and fine-tuning
+(`--config.init.pretrained`) read like any other.
+
+The folder holds config.json, model.safetensors (read with
+`safetensors.numpy`, no torch) or pytorch_model.bin (needs torch), and the
+tokenizer: source.spm, target.spm, vocab.json (and target_vocab.json for
+separate vocabularies). Marian is the paper's post-LN Transformer; what
+differs is said by model options (`ModelConfig`): the sinusoid layout
+'halves', swish or exact GELU, scale_embedding, an output bias
+(final_logits_bias) with tied embeddings, and the vocabulary's special ids
+(EOS 0, UNK 1, PAD the last id, which also starts the decoder from a zero
+vector: zero_pad_embedding). Anything else is refused, naming the key.
+
+`WEIGHTS` is the one table of names: their name -> our path, transform.
+Every shape is checked before anything is written; the export is written
+to a temporary folder beside `out` and renamed when complete.
+"""
+import base64
+import json
+import os
+import shutil
+import sys
+from typing import Callable
+
+import numpy as np
+
+from jaxformer import checkpoint as checkpoint_lib
+from jaxformer.data import sources
+from jaxformer.data import vocab_tokenizer
+from jaxformer.model.config import ModelConfig
+
+ACTIVATIONS = {'swish': 'swish', 'silu': 'swish', 'relu': 'relu',
+               'gelu': 'gelu_exact', 'gelu_new': 'gelu',
+               'gelu_pytorch_tanh': 'gelu'}
+# Options of other Marian-like configs that jaxformer cannot express, with
+# the value it can.
+UNSUPPORTED = {'normalize_before': False, 'add_final_layer_norm': False,
+               'normalize_embedding': False, 'layernorm_embedding': False,
+               'static_position_embeddings': True, 'add_bias_logits': False,
+               'tie_word_embeddings': True, 'is_decoder': False}
+# Marian's config key -> must equal this one (jaxformer has one of each).
+SAME = {'decoder_ffn_dim': 'encoder_ffn_dim',
+        'decoder_attention_heads': 'encoder_attention_heads'}
+
+
+class MarianImportError(ValueError):
+  """The folder cannot be imported; the message names the file or key."""
+
+
+def _read_config(folder: str) -> dict:
+  path = os.path.join(folder, 'config.json')
+  if not os.path.isfile(path):
+    raise MarianImportError(f'{folder} is not a Hugging Face Marian folder: no '
+                       'config.json (download one with `huggingface-cli '
+                       'download Helsinki-NLP/opus-mt-en-de --local-dir DIR`)')
+  try:
+    config = vocab_tokenizer.read_json(path)
+  except ValueError as e:
+    raise MarianImportError(f'{path} is not JSON ({e})') from None
+  if config.get('model_type') != 'marian':
+    raise MarianImportError(f'{path}: model_type is {config.get("model_type")!r}, '
+                       "not 'marian'; only Marian (OPUS-MT) models import")
+  return config
+
+
+def model_config(hf: dict) -> ModelConfig:
+  """The ModelConfig of a Marian config.json; refuses what it cannot
+  express, naming the key."""
+  for key, wanted in UNSUPPORTED.items():
+    if key in hf and hf[key] != wanted:
+      raise MarianImportError(f'config.json: {key}={hf[key]!r} is not supported '
+                         f'(jaxformer imports Marian models with {key}='
+                         f'{wanted!r})')
+  for key, other in SAME.items():
+    if hf.get(key, hf.get(other)) != hf.get(other):
+      raise MarianImportError(f'config.json: {key}={hf[key]} differs from '
+                         f'{other}={hf.get(other)}; jaxformer has one of each')
+  activation = hf.get('activation_function', 'gelu')
+  if activation not in ACTIVATIONS:
+    raise MarianImportError(f'config.json: activation_function={activation!r} is '
+                       f'not supported (one of {sorted(ACTIVATIONS)})')
+  shared = hf.get('share_encoder_decoder_embeddings', True)
+  vocab_size = hf['vocab_size']
+  target_size = hf.get('decoder_vocab_size') or vocab_size
+  if shared and target_size != vocab_size:
+    raise MarianImportError(f'config.json: share_encoder_decoder_embeddings with '
+                       f'decoder_vocab_size={target_size} != vocab_size='
+                       f'{vocab_size}')
+  dropout = float(hf.get('dropout', 0.1))
+  try:
+    return ModelConfig(
+        vocab_size=vocab_size, target_vocab_size=0 if shared else target_size,
+        d_model=hf['d_model'], num_heads=hf['encoder_attention_heads'],
+        d_ff=hf['encoder_ffn_dim'], num_encoder_layers=hf['encoder_layers'],
+        num_decoder_layers=hf['decoder_layers'],
+        max_len=hf['max_position_embeddings'],
+        share_embeddings='all' if shared else 'target',
+        norm_position='post', activation=ACTIVATIONS[activation],
+        position_embedding='sinusoidal', sinusoid_layout='halves',
+        scale_embedding=bool(hf.get('scale_embedding', False)),
+        output_bias=True, pad_id=hf['pad_token_id'],
+        eos_id=hf['eos_token_id'],
+        decoder_start_id=hf.get('decoder_start_token_id',
+                                hf['pad_token_id']),
+        zero_pad_embedding=True, embedding_dropout=dropout,
+        residual_dropout=dropout,
+        attention_dropout=float(hf.get('attention_dropout', 0.0)),
+        ffn_dropout=float(hf.get('activation_dropout', 0.0)),
+        layer_norm_epsilon=1e-5, use_bias=True)
+  except KeyError as e:
+    raise MarianImportError(f'config.json has no {e.args[0]!r}') from None
+  except ValueError as e:
+    raise MarianImportError(f'config.json: {e}') from None
+
+
+# ------------------------------------------------------------ the table ---
+
+def _heads(config):  # [n * h, d] -> [n, h, d]
+  return lambda w: w.reshape(config.num_heads, config.head_dim, -1)
+
+
+def _head_bias(config):  # [n * h] -> [n, h]
+  return lambda b: b.reshape(config.num_heads, config.head_dim)
+
+
+def _out(config):  # [d, n * h] -> [d, n, h]
+  return lambda w: w.reshape(-1, config.num_heads, config.head_dim)
+
+
+def _same(x):
+  return x
+
+
+def _attention(config, theirs: str, ours: tuple) -> list:
+  d = config.d_model
+  rows = []
+  for name, our_name in (('q_proj', 'query'), ('k_proj', 'key'),
+                         ('v_proj', 'value')):
+    rows.append(((f'{theirs}.{name}.weight',), (*ours, our_name, 'kernel'),
+                 _heads(config), (d, d)))
+    # jaxformer has no key bias: q.b_k is the same for every key of a query,
+    # which the softmax cancels; it is read (shape-checked) and dropped.
+    rows.append(((f'{theirs}.{name}.bias',),
+                 None if name == 'k_proj' else (*ours, our_name, 'bias'),
+                 _head_bias(config), (d,)))
+  rows.append(((f'{theirs}.out_proj.weight',), (*ours, 'out', 'kernel'),
+               _out(config), (d, d)))
+  rows.append(((f'{theirs}.out_proj.bias',), (*ours, 'out', 'bias'), _same,
+               (d,)))
+  return rows
+
+
+def _linear_and_norm(theirs: str, ours: tuple, shape_out: int,
+                     shape_in: int | None) -> list:
+  if shape_in is None:  # A LayerNorm.
+    return [((f'{theirs}.weight',), (*ours, 'scale'), _same, (shape_out,)),
+            ((f'{theirs}.bias',), (*ours, 'bias'), _same, (shape_out,))]
+  return [((f'{theirs}.weight',), (*ours, 'kernel'), _same,
+           (shape_out, shape_in)),
+          ((f'{theirs}.bias',), (*ours, 'bias'), _same, (shape_out,))]
+
+
+def weight_table(config: ModelConfig) -> list[tuple]:
+  """(their names, the first present is read; our path or None (read,
+  checked, dropped); transform; their shape) for every tensor."""
+  d, f = config.d_model, config.d_ff
+  vocab, target = config.vocab_size, config.output_vocab_size
+  if config.share_embeddings == 'all':
+    rows = [(('model.shared.weight', 'model.encoder.embed_tokens.weight',
+              'model.decoder.embed_tokens.weight', 'lm_head.weight'),
+             ('source_embed', 'embedding'), _same, (vocab, d))]
+  else:
+    rows = [(('model.encoder.embed_tokens.weight', 'model.shared.weight'),
+             ('source_embed', 'embedding'), _same, (vocab, d)),
+            (('model.decoder.embed_tokens.weight', 'lm_head.weight'),
+             ('target_embed', 'embedding'), _same, (target, d))]
+  rows.append((('final_logits_bias',), ('decoder', 'output_bias'),
+               lambda b: b.reshape(-1), (1, target)))
+  for side, count, attentions in (
+      ('encoder', config.num_encoder_layers, (('self_attn', 'self_attention'),)),
+      ('decoder', config.num_decoder_layers,
+       (('self_attn', 'self_attention'), ('encoder_attn', 'cross_attention')))):
+    for i in range(count):
+      theirs, ours = f'model.{side}.layers.{i}', (side, f'layer_{i}')
+      for their_name, our_name in attentions:
+        rows += _attention(config, f'{theirs}.{their_name}', (*ours, our_name))
+        rows += _linear_and_norm(f'{theirs}.{their_name}_layer_norm',
+                                 (*ours, f'{our_name}_norm'), d, None)
+      rows += _linear_and_norm(f'{theirs}.fc1', (*ours, 'ffn', 'wi'), f, d)
+      rows += _linear_and_norm(f'{theirs}.fc2', (*ours, 'ffn', 'wo'), d, f)
+      rows += _linear_and_norm(f'{theirs}.final_layer_norm',
+                               (*ours, 'ffn_norm'), d, None)
+  return rows
+
+
+POSITION_TABLES = ('model.encoder.embed_positions.weight',
+                   'model.decoder.embed_positions.weight')
+
+
+def params_from_weights(weights: dict, config: ModelConfig,
+                        warn: Callable[[str], None] = print) -> dict:
+  """`EncoderDecoder(config)` parameters from Marian's tensors (numpy).
+
+  Every tensor of the table must be present with its shape, tied names
+  must hold equal tensors, and nothing may be left over (saved sinusoid
+  tables must be Marian's); raises MarianImportError naming the tensor.
+  """
+  from jaxformer.model.layers import sinusoidal_positions
+  params, used = {}, set(POSITION_TABLES)
+  for names, path, transform, shape in weight_table(config):
+    present = [n for n in names if n in weights]
+    if not present:
+      raise MarianImportError(f'the weights have no {names[0]!r}; is this a '
+                         'Marian checkpoint of config.json?')
+    value = weights[present[0]]
+    for name in present:
+      if tuple(weights[name].shape) != shape:
+        raise MarianImportError(f'{name} has shape {tuple(weights[name].shape)}, '
+                           f'config.json says {shape}')
+      if not np.array_equal(weights[name], value):
+        raise MarianImportError(f'{name} differs from {present[0]}, which '
+                           'config.json ties it to')
+    used.update(present)
+    if path is not None:
+      node = params
+      for key in path[:-1]:
+        node = node.setdefault(key, {})
+      node[path[-1]] = np.asarray(transform(value), np.float32)
+  left = sorted(set(weights) - used)
+  if left:
+    raise MarianImportError(f'unexpected tensors {left[:3]}'
+                       f'{"..." if len(left) > 3 else ""}: not a Marian '
+                       'model jaxformer can express')
+  for name in POSITION_TABLES:
+    if name in weights:
+      table = weights[name]
+      ours = sinusoidal_positions(table.shape[0], config.d_model, 'halves')
+      if table.shape != ours.shape or not np.allclose(table, ours,
+                                                      atol=1e-4):
+        raise MarianImportError(f'{name} is not Marian\'s sinusoid table')
+  _zero_pad_rows(params, config, warn)
+  return params
+
+
+def _zero_pad_rows(params: dict, config: ModelConfig, warn) -> None:
+  """Marian and CTranslate2 start the decoder from a zero vector, Hugging
+  Face from the pad row: equal when it is zero. jaxformer holds it at zero
+  (zero_pad_embedding), so the written row is zero too."""
+  for name in ('source_embed', 'target_embed'):
+    if name not in params:
+      continue
+    table = params[name]['embedding']
+    norm = float(np.linalg.norm(table[config.pad_id]))
+    if norm:
+      warn(f'warning: the pad row (id {config.pad_id}) of {name} has norm '
+           f'{norm:.4g}, not zero: Hugging Face starts decoding from it, '
+           'Marian, CTranslate2 and jaxformer from zeros; it is imported as '
+           'zeros, so outputs may differ from Hugging Face\'s.')
+      table[config.pad_id] = 0.0
+
+
+def read_weights(folder: str) -> dict:
+  """{name: float32 array} of model.safetensors (numpy only) or
+  pytorch_model.bin (torch)."""
+  path = os.path.join(folder, 'model.safetensors')
+  if os.path.isfile(path):
+    from safetensors import SafetensorError
+    from safetensors.numpy import load_file
+    try:
+      weights = load_file(path)
+    except (SafetensorError, OSError, ValueError, TypeError) as e:
+      raise MarianImportError(f'{path} cannot be read (truncated or damaged? '
+                         f'{e}); download it again') from None
+  else:
+    path = os.path.join(folder, 'pytorch_model.bin')
+    if not os.path.isfile(path):
+      raise MarianImportError(f'{folder} has no model.safetensors or '
+                         'pytorch_model.bin')
+    try:
+      import torch
+    except ImportError:
+      raise MarianImportError(f'{path} needs torch (pip install torch), or '
+                         'convert it to model.safetensors') from None
+    try:
+      state = torch.load(path, map_location='cpu', weights_only=True)
+    except Exception as e:  # noqa: BLE001 - torch raises many kinds.
+      raise MarianImportError(f'{path} cannot be read (truncated or damaged? '
+                         f'{e}); download it again') from None
+    weights = {k: v.detach().float().numpy() for k, v in state.items()}
+  return {k: np.asarray(v, np.float32) for k, v in weights.items()}
+
+
+# --------------------------------------------------------------- import ---
+
+def _tokenizers(folder: str, config: ModelConfig):
+  try:
+    source, target = vocab_tokenizer.from_marian_folder(folder)
+  except sources.DataError as e:
+    raise MarianImportError(f'{e} (BPE vocabularies are not supported)') from None
+  checks = (('vocab.json', source.vocab_size, config.vocab_size,
+             'vocab_size'),
+            ('target vocabulary', target.vocab_size, config.output_vocab_size,
+             'decoder_vocab_size'),
+            ('vocab.json <pad>', source.pad_id, config.pad_id, 'pad_token_id'),
+            ('target <pad>', target.pad_id, config.pad_id, 'pad_token_id'),
+            ('target </s>', target.eos_id, config.eos_id, 'eos_token_id'))
+  for what, theirs, ours, key in checks:
+    if theirs != ours:
+      raise MarianImportError(f'{folder}: {what} is {theirs} but config.json '
+                         f'{key} says {ours}; the tokenizer files do not '
+                         'belong to this model')
+  return source, target
+
+
+def run_config(base, config: ModelConfig, source, target):
+  """The saved run config: `base` (default_config()) with the model, and
+  the tokenizers' sizes and lengths."""
+  import dataclasses
+  run = base
+  run.model.update(dataclasses.asdict(config))
+  run.data.tokenizer.update(joint=False, vocab_size=source.vocab_size,
+                            target_vocab_size=target.vocab_size)
+  run.data.update(max_source_length=config.max_len,
+                  max_target_length=config.max_len)
+  return run
+
+
+def import_folder(folder: str, out: str, base_config,
+                  warn: Callable[[str], None] = print) -> ModelConfig:
+  """Writes the jaxformer export of the Marian model in `folder` to `out`
+  (which must not exist); returns its ModelConfig."""
+  folder = os.path.abspath(folder)
+  out = os.path.abspath(out)
+  if not os.path.isdir(folder):
+    raise MarianImportError(f'--from {folder} is not a folder')
+  if os.path.exists(out):
+    raise MarianImportError(f'--out {out} already exists; choose another or '
+                       'remove it first')
+  config = model_config(_read_config(folder))
+  source, target = _tokenizers(folder, config)
+  params = params_from_weights(read_weights(folder), config, warn)
+  run = run_config(base_config, config, source, target)
+  extra = {'config': json.loads(run.to_json_best_effort()),
+           'tokenizers': [base64.b64encode(t.serialized_model_proto()).decode()
+                          for t in (source, target)],
+           'steps': [0], 'source': folder}
+  partial = f'{out}.partial-{os.getpid()}'
+  try:
+    checkpoint_lib.export_params(partial, params, extra)
+    os.rename(partial, out)
+  finally:
+    shutil.rmtree(partial, ignore_errors=True)
+  return config
+
+
+def report(config: ModelConfig, out: str) -> str:
+  return (f'Imported a Marian model (d_model {config.d_model}, '
+          f'{config.num_encoder_layers}+{config.num_decoder_layers} layers, '
+          f'vocabulary {config.vocab_size}'
+          + (f'/{config.output_vocab_size}' if config.target_vocab_size
+             else '') +
+          f', {config.activation}) to {out}; use it like a workdir:\n'
+          f'  jaxformer translate --workdir {out}\n'
+          f'  jaxformer train --config configs/finetune.py --workdir RUN '
+          f'--config.init.pretrained={out} --config.data.tsv.train=...')
+
+
+def main_warn(text: str) -> None:
+  print(text, file=sys.stderr, flush=True)
