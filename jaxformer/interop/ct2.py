@@ -166,6 +166,23 @@ def export(trained, out: str, quantization: str | None = None) -> str:
   source_vocab = vocabulary(trained.source_tok, config.vocab_size, 'source')
   target_vocab = vocabulary(trained.target_tok, config.output_vocab_size,
                             'target')
+
+  def fill(directory: str) -> None:
+    write(trained.params, config, source_vocab, target_vocab,
+          unknown_piece(trained.target_tok), directory, quantization)
+    for name, tokenizer in (('source', trained.source_tok),
+                            ('target', trained.target_tok)):
+      with open(os.path.join(directory, f'{name}.spm'), 'wb') as f:
+        f.write(tokenizer.sentencepiece_model)
+
+  return folders.write_folder(out, fill)
+
+
+def write(params, config: ModelConfig, source_vocab: list[str],
+          target_vocab: list[str], unk_token: str, directory: str,
+          quantization: str | None = None) -> None:
+  """Converts to CTranslate2 (`transformer_spec`) into `directory`
+  (replaced if it exists), weights in `quantization` (None: float32)."""
   try:
     from ctranslate2.converters.converter import Converter
   except ImportError:
@@ -174,14 +191,7 @@ def export(trained, out: str, quantization: str | None = None) -> str:
 
   class _Converter(Converter):
     def _load(self):
-      return transformer_spec(trained.params, config, source_vocab,
-                              target_vocab, unknown_piece(trained.target_tok))
+      return transformer_spec(params, config, source_vocab, target_vocab,
+                              unk_token)
 
-  def fill(directory: str) -> None:
-    _Converter().convert(directory, quantization=quantization, force=True)
-    for name, tokenizer in (('source', trained.source_tok),
-                            ('target', trained.target_tok)):
-      with open(os.path.join(directory, f'{name}.spm'), 'wb') as f:
-        f.write(tokenizer.serialized_model_proto())
-
-  return folders.write_folder(out, fill)
+  _Converter().convert(directory, quantization=quantization, force=True)

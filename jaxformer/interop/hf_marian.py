@@ -144,8 +144,8 @@ def tokenizer_files(directory: str, source_tok, target_tok,
   """MarianTokenizer's files: the SentencePiece models, piece -> id
   vocabularies, and the special pieces."""
   separate = config.share_embeddings != 'all'
-  files = {'source.spm': source_tok.serialized_model_proto(),
-           'target.spm': target_tok.serialized_model_proto()}
+  files = {'source.spm': source_tok.sentencepiece_model,
+           'target.spm': target_tok.sentencepiece_model}
   vocabularies = {'vocab.json': _vocab(source_tok, config.vocab_size)}
   if separate:
     vocabularies['target_vocab.json'] = _vocab(target_tok,
