@@ -2,7 +2,7 @@
 CTranslate2's own specification API (`ctranslate2.specs.TransformerSpec`).
 
 Every `EncoderDecoder` config maps onto that spec: post-LN or pre-LN (with
-the final LayerNorm), ReLU, GELU (tanh) or swish, shared or separate
+the final LayerNorm), ReLU, GELU (tanh or exact) or swish, shared or separate
 embeddings, a tied or separate (biased) output layer, and positions
 written out as the table the model adds (sinusoidal or learned;
 CTranslate2's built-in sinusoid is another table). The folder also holds
@@ -16,14 +16,14 @@ the vocabularies (one piece per id) and the SentencePiece models
   results = translator.translate_batch(pieces)
 
 translates as `jaxformer translate` does: the source's EOS is added by
-CTranslate2 (`add_source_eos`), the decoder starts from jaxformer's start
-token, and decoding stops at EOS.
+CTranslate2 (`add_source_eos`), the decoder starts from the model's
+`decoder_start_id` (a zero vector with `zero_pad_embedding`, as Marian's),
+and decoding stops at its `eos_id`.
 """
 import os
 
 import numpy as np
 
-from jaxformer import token_ids
 from jaxformer.data.tokenizer import Tokenizer
 from jaxformer.interop import folders, layout
 from jaxformer.model.config import ModelConfig
@@ -40,7 +40,7 @@ def vocabulary(tokenizer: Tokenizer, size: int, side: str) -> list[str]:
 
 
 def unknown_piece(tokenizer: Tokenizer) -> str:
-  return tokenizer.id_to_piece(getattr(tokenizer, 'unk_id', token_ids.UNK_ID))
+  return tokenizer.id_to_piece(tokenizer.unk_id)
 
 
 def check_quantization(quantization: str | None) -> None:
@@ -116,7 +116,7 @@ def transformer_spec(params, config: ModelConfig, source_vocab: list[str],
       config.num_decoder_layers, config.num_heads, pre_norm=pre_norm,
       activation=_activation(config))
   source_table, target_table = layout.embeddings(params, config)
-  scale = getattr(config, 'scale_embedding', True)
+  scale = config.scale_embedding
   for stack, spec in (('encoder', encoder), ('decoder', decoder)):
     spec.scale_embeddings = scale
     spec.position_encodings.encodings = layout.position_table(
@@ -145,11 +145,11 @@ def transformer_spec(params, config: ModelConfig, source_vocab: list[str],
   spec.register_target_vocabulary(target_vocab)
   spec.config.layer_norm_epsilon = config.layer_norm_epsilon
   spec.config.unk_token = unk_token
-  spec.config.eos_token = target_vocab[layout.special_id(config, 'eos_id')]
+  spec.config.eos_token = target_vocab[config.eos_id]
   # The decoder starts from this id's embedding (a zero row with
   # zero_pad_embedding: the zero vector, as Marian does).
   spec.config.decoder_start_token = target_vocab[
-      layout.special_id(config, 'decoder_start_id')]
+      config.decoder_start_id]
   spec.config.add_source_eos = True
   return spec
 

@@ -16,7 +16,6 @@ import os
 
 import numpy as np
 
-from jaxformer import token_ids
 from jaxformer.interop import folders, layout
 from jaxformer.model.config import ModelConfig
 
@@ -36,7 +35,7 @@ def blockers(config: ModelConfig) -> list[str]:
   if config.position_embedding != 'sinusoidal':
     reasons.append(f'model.position_embedding={config.position_embedding!r}: '
                    "Marian's positions are the fixed sinusoid ('sinusoidal')")
-  elif getattr(config, 'sinusoid_layout', 'interleaved') != 'halves':
+  elif config.sinusoid_layout != 'halves':
     reasons.append(
         "model.sinusoid_layout='interleaved' (the paper's table): Marian "
         "computes its own table, sines then cosines ('halves'), and loads "
@@ -52,8 +51,8 @@ def blockers(config: ModelConfig) -> list[str]:
 
 def marian_config(config: ModelConfig) -> dict:
   """The `MarianConfig` keyword arguments of `config`."""
-  pad = layout.special_id(config, 'pad_id')
-  eos = layout.special_id(config, 'eos_id')
+  pad = config.pad_id
+  eos = config.eos_id
   shared = config.share_embeddings == 'all'
   return dict(
       vocab_size=config.vocab_size,
@@ -67,12 +66,12 @@ def marian_config(config: ModelConfig) -> dict:
       decoder_attention_heads=config.num_heads,
       encoder_ffn_dim=config.d_ff, decoder_ffn_dim=config.d_ff,
       activation_function=ACTIVATIONS[config.activation],
-      scale_embedding=getattr(config, 'scale_embedding', True),
+      scale_embedding=config.scale_embedding,
       dropout=config.residual_dropout,
       attention_dropout=config.attention_dropout,
       activation_dropout=config.ffn_dropout,
       pad_token_id=pad, eos_token_id=eos,
-      decoder_start_token_id=layout.special_id(config, 'decoder_start_id'),
+      decoder_start_token_id=config.decoder_start_id,
       forced_eos_token_id=None, bos_token_id=None)
 
 
@@ -154,9 +153,9 @@ def tokenizer_files(directory: str, source_tok, target_tok,
   tokenizer_config = dict(
       tokenizer_class='MarianTokenizer', separate_vocabs=separate,
       model_max_length=config.max_len,
-      pad_token=target_piece(layout.special_id(config, 'pad_id')),
-      eos_token=target_piece(layout.special_id(config, 'eos_id')),
-      unk_token=target_piece(getattr(target_tok, 'unk_id', token_ids.UNK_ID)))
+      pad_token=target_piece(config.pad_id),
+      eos_token=target_piece(config.eos_id),
+      unk_token=target_piece(target_tok.unk_id))
   for name, contents in files.items():
     with open(os.path.join(directory, name), 'wb') as f:
       f.write(contents)
@@ -178,6 +177,10 @@ def marian_model(params, config: ModelConfig):
   if missing or unexpected:  # A mapping error of this module, not the user's.
     raise RuntimeError(f'the Marian weights do not fit: missing {missing}, '
                        f'unexpected {unexpected}.')
+  # generate()'s defaults: greedy search of up to max_len tokens, as
+  # jaxformer's longest (max_length counts the start token too).
+  model.generation_config.update(max_length=config.max_len + 1, num_beams=1,
+                                 forced_eos_token_id=None)
   return model
 
 

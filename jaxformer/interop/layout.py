@@ -8,7 +8,6 @@ import jax.numpy as jnp
 import numpy as np
 from flax.core import meta
 
-from jaxformer import token_ids
 from jaxformer.model import layers
 from jaxformer.model.config import ModelConfig
 
@@ -59,21 +58,13 @@ def position_table(params: dict, config: ModelConfig, stack: str
   return np.asarray(table[0], np.float32)
 
 
-def special_id(config: ModelConfig, name: str) -> int:
-  """config.pad_id / eos_id / decoder_start_id (jaxformer's own ids where
-  the config predates them)."""
-  return getattr(config, name, {'pad_id': token_ids.PAD_ID,
-                                'eos_id': token_ids.EOS_ID,
-                                'decoder_start_id': token_ids.PAD_ID}[name])
-
-
 def _as_used(table: np.ndarray, config: ModelConfig) -> np.ndarray:
   """An embedding table as the model reads it: with
   config.zero_pad_embedding, its pad row is zero."""
-  if not getattr(config, 'zero_pad_embedding', False):
+  if not config.zero_pad_embedding:
     return table
   table = table.copy()
-  table[special_id(config, 'pad_id')] = 0.0
+  table[config.pad_id] = 0.0
   return table
 
 

@@ -2,6 +2,7 @@
 data, as `trained.Trained`, for the export tests (test_export_*.py)."""
 import jax
 import ml_collections
+from flax.core import meta
 import numpy as np
 
 from jaxformer import trained as trained_lib
@@ -44,7 +45,7 @@ def model(tok, seed: int = 0, scale: float = 1.0, **options):
   rows = source_rows(tok)
   params = EncoderDecoder(config).init(jax.random.PRNGKey(seed), rows,
                                        rows)['params']
-  params = jax.tree.map(lambda x: x * scale, params)
+  params = jax.tree.map(lambda x: x * scale, meta.unbox(params))
   run = default_config()
   run.model = to_config_dict(config)
   run.data.tokenizer.vocab_size = VOCAB

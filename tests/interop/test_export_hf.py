@@ -50,12 +50,25 @@ def jaxformer_outputs(model, rows, beams: int) -> list[list]:
           for row in np.asarray(tokens)]
 
 
-def test_marian_shaped_model_generates_as_jaxformer(tok, tmp_path):
-  model = export_models.model(tok, seed=2, scale=1.5, **MARIAN_SHAPED)
-  params = dict(model.params, decoder=dict(model.params['decoder'],
-                output_bias=jax.random.normal(jax.random.PRNGKey(3),
-                                              (export_models.VOCAB,))))
-  model = dataclasses.replace(model, params=params)
+# The second: untied vocabularies and output layer, exact GELU, unscaled
+# embeddings, projections without bias (written as zero biases).
+OPTIONS = {
+    'tied_swish_output_bias': (MARIAN_SHAPED, 2),
+    'untied_gelu_exact_unbiased': (dict(
+        MARIAN_SHAPED, activation='gelu_exact', output_bias=False,
+        share_embeddings='none', scale_embedding=False, use_bias=False), 0),
+}
+
+
+@pytest.mark.parametrize('name', OPTIONS)
+def test_marian_shaped_model_generates_as_jaxformer(name, tok, tmp_path):
+  options, seed = OPTIONS[name]
+  model = export_models.model(tok, seed=seed, scale=1.5, **options)
+  if model.model_config.output_bias:
+    params = dict(model.params, decoder=dict(
+        model.params['decoder'], output_bias=jax.random.normal(
+            jax.random.PRNGKey(3), (export_models.VOCAB,))))
+    model = dataclasses.replace(model, params=params)
   out = hf_marian.export(model, str(tmp_path / 'hf'))
   hf_model = transformers.MarianMTModel.from_pretrained(out).eval()
   hf_tok = transformers.MarianTokenizer.from_pretrained(out)
