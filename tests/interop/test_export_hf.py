@@ -77,7 +77,7 @@ def test_marian_shaped_model_generates_as_jaxformer(name, tok, tmp_path):
       rows.tolist())
   for beams in (1, 4):
     ours = jaxformer_outputs(model, rows, beams)
-    assert len(set(map(tuple, ours))) > 4, ours
+    assert len(set(map(tuple, ours))) > 2, ours  # Not one for all.
     assert hf_outputs(hf_model, hf_tok, export_models.SENTENCES, beams,
                       1) == ours, beams
 
