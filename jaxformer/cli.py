@@ -219,9 +219,10 @@ def cmd_export(args, overrides) -> int:
   if args.quantization and args.format != 'ct2':
     raise ValueError(f'--quantization applies to --format ct2, not '
                      f'--format {args.format}.')
-  if args.format == 'ct2':
-    from jaxformer.interop import ct2
+  if args.format != 'jaxformer':  # Before the model is read.
+    from jaxformer.interop import ct2, folders
     ct2.check_quantization(args.quantization)
+    folders.check_new(args.out)
   from jaxformer import trained
   if args.format == 'jaxformer':
     step = trained.export(args.workdir, args.out, args.checkpoint)

@@ -8,10 +8,9 @@ from typing import Callable
 from jaxformer import paths
 
 
-def write_folder(out: str, fill: Callable[[str], None]) -> str:
-  """Calls `fill(directory)` on a new empty local directory and renames it
-  to `out`, which must not exist; on any error removes it. Returns `out`
-  as an absolute path."""
+def check_new(out: str) -> str:
+  """`out` as an absolute local path that does not exist yet (else a
+  ValueError naming the fix)."""
   if paths.is_remote(out):
     raise ValueError(f'--out {out}: exports to other formats are written to '
                      'a local folder; copy it to the bucket afterwards.')
@@ -19,6 +18,14 @@ def write_folder(out: str, fill: Callable[[str], None]) -> str:
   if os.path.exists(out):
     raise ValueError(f'--out {out} already exists; choose another --out, or '
                      'remove it first.')
+  return out
+
+
+def write_folder(out: str, fill: Callable[[str], None]) -> str:
+  """Calls `fill(directory)` on a new empty local directory and renames it
+  to `out`, which must not exist; on any error removes it. Returns `out`
+  as an absolute path."""
+  out = check_new(out)
   os.makedirs(os.path.dirname(out), exist_ok=True)
   partial = tempfile.mkdtemp(prefix=f'.{os.path.basename(out)}.partial-',
                              dir=os.path.dirname(out))
