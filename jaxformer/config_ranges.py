@@ -60,11 +60,15 @@ RANGES = {
     'model.layer_norm_epsilon': ABOVE_ZERO,
     'model.num_classes': POSITIVE,
     'model.regression_dim': POSITIVE,
+    'model.pad_id': NON_NEGATIVE,  # ids of the vocabulary (ModelConfig checks
+    'model.eos_id': NON_NEGATIVE,  # they lie inside it)
+    'model.decoder_start_id': NON_NEGATIVE,
     'data.builtin.num_train': POSITIVE,
     'data.builtin.num_dev': NON_NEGATIVE,
     'data.builtin.num_test': NON_NEGATIVE,
     'data.builtin.seed': NON_NEGATIVE,
     'data.tokenizer.vocab_size': Range(5),  # 4 special pieces and one more
+    'data.tokenizer.target_vocab_size': NON_NEGATIVE,  # 0: vocab_size
     'data.tokenizer.character_coverage': UNIT_INTERVAL,
     'data.tokenizer.sample_size': POSITIVE,
     'data.tokenizer.wait_seconds': NON_NEGATIVE,

@@ -160,7 +160,10 @@ def decode_split(params, model_config: ModelConfig,
       batch_size=batch_size, process_index=jax.process_index(),
       process_count=jax.process_count())
   for local in batches:
-    inputs = parallel.global_batch({'inputs': local['inputs'],
+    # The pipeline pads with 0 (segment id 0); decoding wants the pad id.
+    source_rows = np.where(local['inputs_segment_ids'] > 0, local['inputs'],
+                           model_config.pad_id).astype(np.int32)
+    inputs = parallel.global_batch({'inputs': source_rows,
                                     'index': local['example_index']}, mesh)
     tokens = decode_tokens(params, model_config, inputs['inputs'],
                            beam_size=beam_size, alpha=alpha,

@@ -314,14 +314,16 @@ def _tokenizers(folder: str, config: ModelConfig):
 
 
 def run_config(base, config: ModelConfig, source, target):
-  """The saved run config: `base` (default_config()) with the model, and
-  the tokenizers' sizes and lengths."""
+  """The saved run config: `base` (default_config()) with the model, the
+  tokenizers' sizes, TSV data and the model's length."""
   import dataclasses
   run = base
   run.model.update(dataclasses.asdict(config))
   run.data.tokenizer.update(joint=False, vocab_size=source.vocab_size,
                             target_vocab_size=target.vocab_size)
-  run.data.update(max_source_length=config.max_len,
+  # Evaluated and fine-tuned on the user's TSV files:
+  # --config.data.tsv.test=FILE.
+  run.data.update(source='tsv', max_source_length=config.max_len,
                   max_target_length=config.max_len)
   return run
 

@@ -443,8 +443,10 @@ class Trainer:
     return state
 
   def _tokens(self, local) -> int:
-    return int(sum(np.count_nonzero(local[k]) for k in ('inputs', 'targets')
-                   if k in local))
+    """Real (not padding) tokens of a batch: segment ids are 0 at padding
+    (token 0 may be a real one, Marian's EOS)."""
+    return int(sum(np.count_nonzero(local.get(f'{k}_segment_ids', local[k]))
+                   for k in ('inputs', 'targets') if k in local))
 
   def _flops(self, local) -> float:
     rows = next(iter(local.values())).shape[0] * jax.process_count()

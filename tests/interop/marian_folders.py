@@ -6,7 +6,6 @@ import json
 import os
 import random
 
-import numpy as np
 import sentencepiece as spm
 
 WORDS = ('the house is small . a cat sat on the mat . we bought forty-two red '
@@ -65,11 +64,6 @@ def write_folder(folder: str, *, separate: bool, activation: str,
   for name, data in files.items():
     with open(os.path.join(folder, name), 'wb') as f:
       f.write(data)
-  with open(os.path.join(folder, 'vocab.json'), 'w') as f:
-    json.dump(vocab, f)
-  if separate:
-    with open(os.path.join(folder, 'target_vocab.json'), 'w') as f:
-      json.dump(target_vocab, f)
   # One pad id for both sides, as Marian's configs have.
   size = max(len(vocab), len(target_vocab))
   vocab = _padded(vocab, size)
@@ -92,9 +86,9 @@ def write_folder(folder: str, *, separate: bool, activation: str,
   with torch.no_grad():  # Weights that make decoding depend on the source
     for name, p in model.named_parameters():  # (peaky attention), so that
       if 'layer_norm' not in name and 'embed_positions' not in name:
-        p.normal_(0.0, _std(name))
+        p.normal_(0.0, _std(name, scale_embedding))
     model.final_logits_bias.normal_(0.0, 0.1)
-    model.final_logits_bias[0, 0] += 1.5  # Some sentences end early.
+    model.final_logits_bias[0, 0] += SCALES[scale_embedding]['eos_bias']
     for embed in {model.get_encoder().embed_tokens,
                   model.get_decoder().embed_tokens}:
       embed.weight[size - 1] = 0.0
@@ -103,23 +97,27 @@ def write_folder(folder: str, *, separate: bool, activation: str,
           'target_vocab': target_vocab}
 
 
-def _std(name: str) -> float:
-  """Scales found to give outputs that differ between sentences while
-  float32 stays within ~3e-6 of float64 (larger weights, peakier attention:
-  PyTorch's own float32 logits drift 1e-4..1e-3 from float64)."""
+# Weight scales found to give outputs that differ between sentences while
+# float32 stays within ~3e-6 of float64 (larger weights, peakier attention:
+# PyTorch's own float32 logits drift 1e-4..1e-3 from float64); by
+# scale_embedding, as the embeddings are 4x larger with it.
+SCALES = {True: dict(embed=0.3, cross=1.5, eos_bias=0.0),
+          False: dict(embed=0.5, cross=1.0, eos_bias=0.5)}
+
+
+def _std(name: str, scale_embedding: bool) -> float:
   if name.endswith('bias'):
     return 0.1
   if 'embed' in name or 'shared' in name:
-    return 0.5
+    return SCALES[scale_embedding]['embed']
   if 'encoder_attn.v_proj' in name or 'encoder_attn.out_proj' in name:
-    return 1.0
+    return SCALES[scale_embedding]['cross']
   return 0.3
 
 
 def _padded(vocab: dict, size: int) -> dict:
   """vocab with filler pieces before '<pad>' so that it has `size` ids."""
-  pad = vocab.pop('<pad>')
-  del pad
+  del vocab['<pad>']
   for i in range(size - 1 - len(vocab)):
     vocab[f'<filler{i}>'] = len(vocab)
   vocab['<pad>'] = len(vocab)
@@ -145,4 +143,3 @@ def test_texts(count: int, seed: int) -> list[str]:
   return texts + odd
 
 
-__all__ = ['write_folder', 'hf_tokenizer', 'test_texts', 'np']

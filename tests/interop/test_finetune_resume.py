@@ -1,0 +1,139 @@
+"""Fine-tuning an imported Marian model (configs/finetune.py,
+--config.init.pretrained) is a run like any other: killed with SIGKILL and
+resumed, it repeats the uninterrupted run bitwise (metrics and
+parameters), and the pad rows stay zero."""
+import json
+import os
+import pathlib
+import signal
+import subprocess
+import sys
+import time
+
+import numpy as np
+import pytest
+
+pytest.importorskip('torch')
+pytest.importorskip('transformers')
+
+import marian_folders  # noqa: E402
+
+from jaxformer import cli, trained  # noqa: E402
+from jaxformer.train.metrics import read_metrics  # noqa: E402
+
+CONFIG = str(pathlib.Path(__file__).resolve().parents[2] / 'configs'
+             / 'finetune.py')
+NUM_STEPS = 8
+TIMING_KEYS = ('tokens_per_second', 'step_time', 'mfu')
+
+
+@pytest.fixture(scope='module')
+def setup(tmp_path_factory):
+  """An imported Marian model, TSV splits and the subprocesses' environment
+  (2 devices, one compilation cache)."""
+  root = tmp_path_factory.mktemp('finetune')
+  folder, export = str(root / 'marian'), str(root / 'imported')
+  marian_folders.write_folder(folder, separate=False, activation='swish',
+                              scale_embedding=True, encoder_layers=1,
+                              decoder_layers=1, seed=3)
+  assert cli.main(['import', '--from', folder, '--out', export]) == 0
+  sources = marian_folders.sentences(marian_folders.WORDS, 60, 1)
+  targets = marian_folders.sentences(marian_folders.FOREIGN, 60, 2)
+  for split, part in (('train', slice(0, 40)), ('dev', slice(40, 50)),
+                      ('test', slice(50, 60))):
+    (root / f'{split}.tsv').write_text(''.join(
+        f'{s}\t{t}\n' for s, t in zip(sources[part], targets[part])))
+  overrides = [
+      f'init.pretrained={export}', f'data.tsv.train={root}/train.tsv',
+      f'data.tsv.dev={root}/dev.tsv', f'data.tsv.test={root}/test.tsv',
+      f'train.num_steps={NUM_STEPS}', 'train.warmup_steps=2',
+      'train.log_every=1', 'train.peak_flops=1e9', 'checkpoint.every=2',
+      'eval.every=0', 'eval.final_split=', 'eval.bleu_examples=0',
+      'eval.num_batches=1', 'data.batching=pack', 'data.batch_size=8',
+      'data.max_source_length=32', 'data.max_target_length=32']
+  environment = dict(os.environ,
+                     XLA_FLAGS='--xla_force_host_platform_device_count=2',
+                     JAX_COMPILATION_CACHE_DIR=str(root / 'cache'),
+                     JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS='0',
+                     TF_CPP_MIN_LOG_LEVEL='2')
+  return export, [f'--config.{o}' for o in overrides], environment
+
+
+def train(workdir: pathlib.Path, setup) -> subprocess.Popen:
+  _, overrides, environment = setup
+  workdir.mkdir(exist_ok=True)
+  log = open(workdir / f'log_{time.time_ns()}.txt', 'w')
+  return subprocess.Popen(
+      [sys.executable, '-m', 'jaxformer.cli', 'train', '--config', CONFIG,
+       '--workdir', str(workdir), *overrides], stdout=log,
+      stderr=subprocess.STDOUT, env=environment)
+
+
+def output(workdir: pathlib.Path) -> str:
+  return '\n'.join(p.read_text() for p in sorted(workdir.glob('log_*.txt')))
+
+
+def steps_done(workdir: pathlib.Path) -> tuple[list[int], list[int]]:
+  """(logged steps, checkpointed steps) so far."""
+  logged = []
+  if (workdir / 'metrics.jsonl').exists():
+    for line in (workdir / 'metrics.jsonl').read_text().splitlines():
+      try:
+        logged.append(json.loads(line)['step'])
+      except json.JSONDecodeError:
+        pass  # Being written.
+  directory = workdir / 'checkpoints'
+  saved = sorted(int(p.name) for p in directory.iterdir()
+                 if p.name.isdigit()) if directory.is_dir() else []
+  return logged, saved
+
+
+def numbers(workdir: pathlib.Path) -> list[dict]:
+  return [{k: v for k, v in r.items() if k not in TIMING_KEYS}
+          for r in read_metrics(str(workdir))]
+
+
+@pytest.mark.slow
+def test_a_killed_finetuning_run_resumes_bitwise(tmp_path, setup):
+  reference = tmp_path / 'reference'
+  assert train(reference, setup).wait(600) == 0, output(reference)
+  assert 'Starting from the parameters of' in output(reference)
+
+  workdir = tmp_path / 'killed'
+  killed = train(workdir, setup)
+  deadline = time.monotonic() + 600
+  while True:
+    logged, saved = steps_done(workdir)
+    if saved and logged and max(logged) >= 4:
+      break
+    assert killed.poll() is None, output(workdir)
+    assert time.monotonic() < deadline, output(workdir)
+    time.sleep(0.01)
+  killed.send_signal(signal.SIGKILL)
+  killed.wait()
+  restored = steps_done(workdir)[1][-1]
+  assert restored < NUM_STEPS
+  assert train(workdir, setup).wait(600) == 0, output(workdir)
+  assert f'Resuming from the checkpoint of step {restored}' in output(workdir)
+
+  # Every record, of the killed run and of the resumed one (which repeats
+  # the steps after the checkpoint), is the uninterrupted run's of its step.
+  expected, got = numbers(reference), numbers(workdir)
+  assert all(record in expected for record in got)
+  assert all(record in got for record in expected)
+  ours, theirs = trained.load(str(workdir)), trained.load(str(reference))
+  assert ours.step == theirs.step == NUM_STEPS
+  for a, b in zip(*(map(np.asarray, _leaves(m.params))
+                    for m in (ours, theirs))):
+    np.testing.assert_array_equal(a, b)
+  pad = ours.model_config.pad_id
+  assert not np.asarray(ours.params['source_embed']['embedding'])[pad].any()
+  start = trained.load(setup[0])
+  assert not np.array_equal(
+      np.asarray(start.params['source_embed']['embedding']),
+      np.asarray(ours.params['source_embed']['embedding']))
+
+
+def _leaves(tree):
+  import jax
+  return jax.tree.leaves(tree)
