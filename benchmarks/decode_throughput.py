@@ -14,7 +14,8 @@ per core, side by side (`cpu_kernels.default_batch_parts`; `--batch_parts
 1` decodes it in one piece). The machine's load average is printed too: on
 a shared CPU, wall time depends on it.
 
-Models: 'small' (jaxformer-only history of this file), 'quickstart' (its
+Models: 'small' (that of the README's earlier jaxformer-only row: `--models
+small --engines jaxformer --source_len 64`), 'quickstart' (its
 config; `--workdir` of a trained quick start run uses its weights and test
 sentences, and also prints how many greedy outputs CTranslate2 reproduces),
 'base' (Transformer base, 6+6 layers of 512, vocabulary 32000). PyTorch
