@@ -1,22 +1,36 @@
-"""Decoding throughput of greedy search and beam search on the 'small' model.
+"""Decoding throughput of greedy search and beam search: jaxformer beside
+CTranslate2 (float32 and int8) and PyTorch `generate` (Hugging Face
+`MarianMTModel`) on the same weights, same thread count.
 
 Output tokens/s counts the tokens of the returned sentences only (one per
-sentence, the best beam), with EOS disabled so that every step runs; compile
-time (first call minus a steady-state call) is reported separately. Random
-initial parameters: speed barely depends on their values (greedy search on
-CPU computes all the logits only at steps where its int8 screen leaves more
-than two candidates in some row, `cpu_kernels.screened_argmax`: 1 step in 64
-with these parameters). On a single CPU device a batch is decoded as one
-part per core, the parts side by side (`cpu_kernels.default_batch_parts`;
-`--batch_parts 1` decodes it in one piece). The machine's load average is printed too: on a
-shared CPU, wall time depends on it, process CPU time (all threads) much less.
+sentence, the best beam), with EOS disabled so that every engine runs every
+step (jaxformer eos_id=-1, CTranslate2 min_decoding_length, `generate`
+min_new_tokens): the work per token does not depend on the weights, so
+random ones serve. Rounds alternate between the engines, in one process;
+medians are printed, with each engine's ratio to jaxformer. jaxformer's
+compile time (first call minus a steady-state call) is reported
+separately. On a single CPU device jaxformer decodes a batch as one part
+per core, side by side (`cpu_kernels.default_batch_parts`; `--batch_parts
+1` decodes it in one piece). The machine's load average is printed too: on
+a shared CPU, wall time depends on it.
 
-  python benchmarks/decode_throughput.py [--repeats 5] [--batch 8]
-      [--batch_parts N] [--json FILE]
+Models: 'small' (that of the README's earlier jaxformer-only row: `--models
+small --engines jaxformer --source_len 64`), 'quickstart' (its
+config; `--workdir` of a trained quick start run uses its weights and test
+sentences, and also prints how many greedy outputs CTranslate2 reproduces),
+'base' (Transformer base, 6+6 layers of 512, vocabulary 32000). PyTorch
+runs the weights as a `MarianMTModel` (`interop/hf_marian.py`); for a
+config Marian cannot express exactly (the paper's interleaved sinusoid,
+LayerNorm epsilon 1e-6) it computes the same amount, not the same numbers.
+
+  python benchmarks/decode_throughput.py [--models quickstart,base]
+      [--engines jaxformer,ct2,ct2_int8,torch] [--workdir RUN] [--rounds 5]
+      [--batch 8] [--source_len 32] [--output_len 64] [--threads N]
 """
 import argparse
 import json
 import os
+import tempfile
 import time
 
 import jax
@@ -26,78 +40,227 @@ import numpy as np
 from jaxformer import decode
 from jaxformer.model import EncoderDecoder, ModelConfig, cpu_kernels
 
-SMALL = ModelConfig(vocab_size=8000, d_model=256, num_heads=4, d_ff=1024,
-                    num_encoder_layers=3, num_decoder_layers=3, max_len=256)
+MODELS = {
+    'small': ModelConfig(vocab_size=8000, d_model=256, num_heads=4, d_ff=1024,
+                         num_encoder_layers=3, num_decoder_layers=3,
+                         max_len=256),
+    'quickstart': ModelConfig(vocab_size=512, d_model=128, num_heads=4,
+                              d_ff=512, num_encoder_layers=2,
+                              num_decoder_layers=2, max_len=128),
+    'base': ModelConfig(vocab_size=32000, d_model=512, num_heads=8, d_ff=2048,
+                        num_encoder_layers=6, num_decoder_layers=6,
+                        max_len=256),
+}
 NO_EOS = -1
 
 
 def random_sources(batch: int, length: int, vocab: int, seed: int = 0):
-  """[batch, length] int32 tokens in [2, vocab): no padding, no EOS."""
+  """[batch, length] int32: tokens in [4, vocab), then EOS (1)."""
   rng = np.random.default_rng(seed)
-  return jnp.asarray(rng.integers(2, vocab, (batch, length)), jnp.int32)
+  rows = rng.integers(4, vocab, (batch, length)).astype(np.int32)
+  rows[:, -1] = 1
+  return rows
 
 
-def timed(fn, repeats: int):
-  """(seconds of the first call, median wall seconds and median process CPU
-  seconds of `repeats` more calls)."""
-  start = time.perf_counter()
+def synthetic_vocabulary(size: int) -> list[str]:
+  """Pieces for ids without a tokenizer: jaxformer's specials, then p4..."""
+  return ['<pad>', '</s>', '<unk>', '<s>'] + [f'p{i}' for i in range(4, size)]
+
+
+def timed(fn):
+  """(wall seconds, process CPU seconds) of one call."""
+  start, start_cpu = time.perf_counter(), time.process_time()
   jax.block_until_ready(fn())
-  first = time.perf_counter() - start
-  wall, cpu = [], []
-  for _ in range(repeats):
-    start, start_cpu = time.perf_counter(), time.process_time()
-    jax.block_until_ready(fn())
-    wall.append(time.perf_counter() - start)
-    cpu.append(time.process_time() - start_cpu)
-  return first, float(np.median(wall)), float(np.median(cpu))
+  return time.perf_counter() - start, time.process_time() - start_cpu
+
+
+class Engines:
+  """One callable per engine and search, all decoding `rows` to exactly
+  `length` tokens per sentence."""
+
+  def __init__(self, params, config, rows, vocabulary, length, threads,
+               batch_parts, names, directory):
+    self.runs = {}
+    self.outputs = {}
+    source = [[vocabulary[t] for t in row[row != 0][:-1]] for row in rows]
+    if 'jaxformer' in names:
+      for beam in (1, 4):
+        self.runs['jaxformer', beam] = self._jaxformer(
+            params, config, rows, length, beam, batch_parts)
+    for name, quantization in (('ct2', None), ('ct2_int8', 'int8')):
+      if name in names:
+        import ctranslate2
+        from jaxformer.interop import ct2
+        folder = os.path.join(directory, name)
+        ct2.write(params, config, vocabulary, vocabulary, '<unk>', folder,
+                  quantization)
+        translator = ctranslate2.Translator(
+            folder, device='cpu', compute_type=quantization or 'float32',
+            inter_threads=1, intra_threads=threads)
+        for beam in (1, 4):
+          self.runs[name, beam] = (
+              lambda t=translator, b=beam: t.translate_batch(
+                  source, beam_size=b, max_decoding_length=length,
+                  min_decoding_length=length, max_batch_size=len(source)))
+    if 'torch' in names:
+      import torch
+      from jaxformer.interop import hf_marian
+      torch.set_num_threads(threads)
+      model = hf_marian.marian_model(params, config)
+      ids = torch.from_numpy(rows.astype(np.int64))
+      mask = torch.from_numpy((rows != 0).astype(np.int64))
+
+      def generate(beam):
+        with torch.inference_mode():
+          return model.generate(
+              input_ids=ids, attention_mask=mask, num_beams=beam,
+              do_sample=False, max_new_tokens=length,
+              min_new_tokens=length)
+      for beam in (1, 4):
+        self.runs['torch', beam] = lambda b=beam: generate(b)
+
+  @staticmethod
+  def _jaxformer(params, config, rows, length, beam, parts):
+    if beam == 1:
+      return lambda: decode.greedy_decode(
+          params, config, rows, max_decode_len=length, eos_id=NO_EOS,
+          batch_parts=parts)
+    return lambda: decode.beam_search(
+        params, config, rows, beam_size=beam, max_decode_len=length,
+        eos_id=NO_EOS, batch_parts=parts)
+
+
+def race(engines: Engines, rounds: int, output_tokens: int, label: str
+         ) -> list[dict]:
+  """Alternating rounds of every engine; prints one line per engine and
+  returns its figures."""
+  figures = []
+  for beam in (1, 4):
+    names = [n for n, b in engines.runs if b == beam]
+    first = {n: timed(engines.runs[n, beam])[0] for n in names}  # Warm up.
+    walls = {n: [] for n in names}
+    cpus = {n: [] for n in names}
+    for _ in range(rounds):
+      for n in names:
+        wall, cpu = timed(engines.runs[n, beam])
+        walls[n].append(wall)
+        cpus[n].append(cpu)
+    search = 'greedy' if beam == 1 else f'beam {beam}'
+    anchor = float(np.median(walls['jaxformer'])) if 'jaxformer' in walls \
+        else None
+    for n in names:
+      wall = float(np.median(walls[n]))
+      ratio = f'{anchor / wall:5.2f}x jaxformer' if anchor else ''
+      extra = (f', compile {first[n] - wall:.1f} s' if n == 'jaxformer'
+               else '')
+      print(f'| {label} | {search} | {n} | {output_tokens / wall:7.0f} | '
+            f'{wall * 1e3:7.0f} | {float(np.median(cpus[n])) * 1e3:7.0f} | '
+            f'{ratio}{extra} |', flush=True)
+      figures.append({'model': label, 'search': search, 'engine': n,
+                      'output_tokens_per_s': output_tokens / wall,
+                      'batch_s': wall, 'compile_s': first[n] - wall})
+  return figures
+
+
+def trained_model(workdir: str, batch: int):
+  """(params, config, rows [batch, s], vocabulary, test sentences) of a
+  trained run's test split."""
+  from jaxformer import evaluate, trained
+  from jaxformer.data import sources
+  model = trained.load(workdir)
+  pairs = sources.read_split(model.config.data, 'test')
+  rows, _ = evaluate.encode_sources(model.source_tok,
+                                    [s for s, _ in pairs[:batch]],
+                                    model.config.data.max_source_length)
+  vocabulary = [model.source_tok.id_to_piece(i)
+                for i in range(model.model_config.vocab_size)]
+  return model, rows, vocabulary, [s for s, _ in pairs]
+
+
+def exactness(model, sentences, directory: str) -> None:
+  """How many greedy outputs of the CTranslate2 exports (float32, int8)
+  equal jaxformer's, on a trained model's test sentences."""
+  import ctranslate2
+  from jaxformer import evaluate
+  from jaxformer.interop import ct2
+  config = model.model_config
+  rows, _ = evaluate.encode_sources(model.source_tok, sentences,
+                                    model.config.data.max_source_length)
+  length = decode.max_decode_length(rows, model.config.decode.max_extra_len,
+                                    config.max_len)
+  ours = np.asarray(decode.greedy_decode(model.params, config, rows,
+                                         max_decode_len=length))
+  ours = [[int(t) for t in row[:list(row).index(config.eos_id)]]
+          if config.eos_id in row else [int(t) for t in row] for row in ours]
+  source = [[model.source_tok.id_to_piece(t) for t in row[row != 0][:-1]]
+            for row in rows]
+  ids = {model.target_tok.id_to_piece(i): i
+         for i in range(model.target_tok.vocab_size)}
+  for quantization in (None, 'int8'):
+    out = ct2.export(model, os.path.join(directory, f'exact_{quantization}'),
+                     quantization)
+    results = ctranslate2.Translator(
+        out, compute_type=quantization or 'float32').translate_batch(
+            source, beam_size=1, max_decoding_length=length)
+    theirs = [[ids[p] for p in r.hypotheses[0]] for r in results]
+    same = sum(a == b for a, b in zip(ours, theirs))
+    print(f'CTranslate2 {quantization or "float32"} greedy outputs equal to '
+          f"jaxformer's: {same}/{len(ours)} test sentences", flush=True)
 
 
 def main():
   parser = argparse.ArgumentParser(description=__doc__.split('\n')[0])
+  parser.add_argument('--models', default='quickstart,base')
+  parser.add_argument('--engines', default='jaxformer,ct2,ct2_int8,torch')
+  parser.add_argument('--workdir', default=None,
+                      help="a trained quick start run: the 'quickstart' "
+                      'weights and test sentences')
   parser.add_argument('--batch', type=int, default=8)
-  parser.add_argument('--source_len', type=int, default=64)
+  parser.add_argument('--source_len', type=int, default=32)
   parser.add_argument('--output_len', type=int, default=64)
-  parser.add_argument('--repeats', type=int, default=5)
+  parser.add_argument('--rounds', type=int, default=5)
+  parser.add_argument('--threads', type=int, default=os.cpu_count())
   parser.add_argument('--batch_parts', type=int, default=None,
                       help='default: cpu_kernels.default_batch_parts')
   parser.add_argument('--json', help='also write the figures to this file')
   args = parser.parse_args()
-
-  config = SMALL
-  inputs = random_sources(args.batch, args.source_len, config.vocab_size)
-  params = EncoderDecoder(config).init(jax.random.PRNGKey(0), inputs,
-                                       inputs)['params']
-  output_tokens = args.batch * args.output_len
-  parts = args.batch_parts
-  if parts is None:
-    parts = cpu_kernels.default_batch_parts(inputs)
-  print(f'{jax.devices()[0].platform}: batch {args.batch} in {parts} '
-        f'part(s), source {args.source_len}, output {args.output_len} tokens, '
-        f'model {config}')
-
-  runs = {
-      'greedy': lambda: decode.greedy_decode(
-          params, config, inputs, max_decode_len=args.output_len,
-          eos_id=NO_EOS, batch_parts=parts),
-      'beam 4': lambda: decode.beam_search(
-          params, config, inputs, beam_size=4, max_decode_len=args.output_len,
-          eos_id=NO_EOS, batch_parts=parts),
-  }
-  figures = {'device': jax.devices()[0].device_kind, 'batch': args.batch,
-             'batch_parts': parts, 'source_len': args.source_len,
-             'output_len': args.output_len, 'runs': {}}
-  for name, run in runs.items():
-    first, wall, cpu = timed(run, args.repeats)
-    figures['runs'][name] = {'output_tokens_per_s': output_tokens / wall,
-                             'batch_s': wall, 'cpu_s': cpu,
-                             'compile_s': first - wall}
-    print(f'{name:>7}: {output_tokens / wall:6.0f} output tokens/s '
-          f'({wall * 1e3:.0f} ms per batch, {cpu * 1e3:.0f} ms CPU), '
-          f'compile {first - wall:.1f} s; load average '
-          f'{os.getloadavg()[0]:.1f}')
-  if args.json:
-    with open(args.json, 'w') as f:
-      json.dump(figures, f, indent=2)
+  names = args.engines.split(',')
+  print(f'{jax.devices()[0].platform}, {args.threads} threads; batch '
+        f'{args.batch}, {args.output_len} output tokens per sentence (EOS '
+        f'off); load average {os.getloadavg()[0]:.1f}\n\n'
+        '| model | search | engine | output tokens/s | ms per batch | '
+        'ms CPU | ratio |\n|---|---|---|---:|---:|---:|---|', flush=True)
+  figures = []
+  with tempfile.TemporaryDirectory() as directory:
+    trained = None
+    for label in args.models.split(','):
+      config = MODELS[label]
+      if label == 'quickstart' and args.workdir:
+        trained, rows, vocabulary, _ = trained_model(args.workdir, args.batch)
+        params, config = trained.params, trained.model_config
+        label = 'quickstart (trained)'
+      else:
+        rows = random_sources(args.batch, args.source_len, config.vocab_size)
+        params = EncoderDecoder(config).init(jax.random.PRNGKey(0), rows,
+                                             rows)['params']
+        vocabulary = synthetic_vocabulary(config.vocab_size)
+      parts = args.batch_parts or cpu_kernels.default_batch_parts(
+          jnp.asarray(rows))
+      engines = Engines(params, config, rows, vocabulary, args.output_len,
+                        args.threads, parts, names,
+                        os.path.join(directory, label.split()[0]))
+      figures.extend(race(engines, args.rounds, args.batch * args.output_len,
+                          label))
+    print(f'load average {os.getloadavg()[0]:.1f}')
+    if args.json:
+      with open(args.json, 'w') as f:
+        json.dump({'device': jax.devices()[0].device_kind,
+                   'batch': args.batch, 'output_len': args.output_len,
+                   'runs': figures}, f, indent=2)
+    if trained is not None and 'ct2' in names:
+      from jaxformer.data import sources
+      exactness(trained, [s for s, _ in sources.read_split(
+          trained.config.data, 'test')], directory)
 
 
 if __name__ == '__main__':

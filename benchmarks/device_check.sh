@@ -66,7 +66,7 @@ if [ $mode = gpu ]; then
   attentions=(einsum cudnn)
   sizes=(--steps 10)
   train_rows=(base:--rows=128 big:--rows=64)  # 8k tokens a side each
-  decode=(--batch 64)
+  decode=(--models small --engines jaxformer --source_len 64 --batch 64)
   peak=989e12
   scale=1
 else
@@ -76,7 +76,8 @@ else
   # base and big take minutes each to compile in bfloat16 on 2 CPU cores:
   # the rehearsal runs the same code on the small model.
   train_rows=(small:--rows=2)
-  decode=(--batch 2 --source_len 8 --output_len 8 --repeats 1)
+  decode=(--models small --engines jaxformer --batch 2 --source_len 8 --output_len 8
+          --rounds 1)
   peak=0
   scale=6  # 2 loaded CPU cores, bfloat16 emulated.
 fi

@@ -69,6 +69,11 @@ class Tokenizer:
   def serialized_model_proto(self) -> bytes:
     return self._processor.serialized_model_proto()
 
+  @property
+  def sentencepiece_model(self) -> bytes:
+    """The SentencePiece model (as `VocabTokenizer.sentencepiece_model`)."""
+    return self._processor.serialized_model_proto()
+
   def id_to_piece(self, token_id: int) -> str:
     return self._processor.id_to_piece(int(token_id))
 

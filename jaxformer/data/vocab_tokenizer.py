@@ -104,6 +104,12 @@ class VocabTokenizer:
   def vocab_size(self) -> int:
     return len(self._pieces)
 
+  @property
+  def sentencepiece_model(self) -> bytes:
+    """The SentencePiece model that cuts text into pieces (what exports
+    ship as source.spm / target.spm)."""
+    return self._encode_proto
+
   def id_to_piece(self, token_id: int) -> str:
     return self._pieces[int(token_id)]
 

@@ -1,2 +1,4 @@
 """Other frameworks' models in and out of jaxformer (Hugging Face Marian,
-the PyTorch reference Transformer). Imported only by the commands."""
+CTranslate2, the PyTorch reference Transformer). Imported only by the
+commands; `transformers`, `torch` and `ctranslate2` only inside the
+functions that need them."""

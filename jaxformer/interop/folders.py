@@ -1,0 +1,38 @@
+"""Writing a model folder whole: into a temporary sibling, renamed into place
+once complete, so that a failed export leaves nothing that looks finished."""
+import os
+import shutil
+import tempfile
+from typing import Callable
+
+from jaxformer import paths
+
+
+def check_new(out: str) -> str:
+  """`out` as an absolute local path that does not exist yet (else a
+  ValueError naming the fix)."""
+  if paths.is_remote(out):
+    raise ValueError(f'--out {out}: exports to other formats are written to '
+                     'a local folder; copy it to the bucket afterwards.')
+  out = os.path.abspath(out)
+  if os.path.exists(out):
+    raise ValueError(f'--out {out} already exists; choose another --out, or '
+                     'remove it first.')
+  return out
+
+
+def write_folder(out: str, fill: Callable[[str], None]) -> str:
+  """Calls `fill(directory)` on a new empty local directory and renames it
+  to `out`, which must not exist; on any error removes it. Returns `out`
+  as an absolute path."""
+  out = check_new(out)
+  os.makedirs(os.path.dirname(out), exist_ok=True)
+  partial = tempfile.mkdtemp(prefix=f'.{os.path.basename(out)}.partial-',
+                             dir=os.path.dirname(out))
+  try:
+    fill(partial)
+    os.replace(partial, out)
+  except BaseException:
+    shutil.rmtree(partial, ignore_errors=True)
+    raise
+  return out
