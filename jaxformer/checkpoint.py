@@ -30,7 +30,7 @@ from orbax.checkpoint.checkpoint_managers import preservation_policy
 from jaxformer import paths
 
 # Keys that may change when a run resumes; everything else must match.
-RESUMABLE_CHANGES = ('train.', 'eval.', 'checkpoint.', 'decode.',
+RESUMABLE_CHANGES = ('train.', 'eval.', 'checkpoint.', 'decode.', 'init.',
                      'distributed.', 'mesh.', 'data.tokenizer.wait_seconds',
                      'data.allow_new_data_order',
                      'data.tsv.', 'data.files.', 'data.tfds.data_dir',
@@ -58,9 +58,15 @@ def _flatten(config: dict, prefix: str = '') -> dict[str, object]:
   return flat
 
 
-def incompatible_keys(saved: dict, current: dict) -> list[str]:
-  """Config keys whose change would make the saved state unusable."""
+def incompatible_keys(saved: dict, current: dict, defaults: dict | None = None
+                      ) -> list[str]:
+  """Config keys whose change would make the saved state unusable.
+
+  `defaults`: values of keys that a config saved by an older jaxformer
+  lacks (options added since, whose defaults behave as before).
+  """
   a, b = _flatten(saved), _flatten(current)
+  a = {**{k: v for k, v in _flatten(defaults or {}).items() if k in b}, **a}
   changed = [k for k in sorted(set(a) | set(b))
              if json.dumps(a.get(k)) != json.dumps(b.get(k))]
   return [k for k in changed if not k.startswith(RESUMABLE_CHANGES)
@@ -413,14 +419,15 @@ class Checkpointer:
         continue
     return None
 
-  def check_compatible(self, config: ml_collections.ConfigDict) -> None:
+  def check_compatible(self, config: ml_collections.ConfigDict,
+                       defaults: dict | None = None) -> None:
     """Raises if the newest readable checkpoint was made with a config whose
-    model or data differ from `config`."""
+    model or data differ from `config` (see `incompatible_keys`)."""
     saved = (self._newest_extra() or {}).get('config')
     if saved is None:
       return
     current = json.loads(config.to_json_best_effort())
-    keys = incompatible_keys(saved, current)
+    keys = incompatible_keys(saved, current, defaults)
     if keys:
       details = '; '.join(f'{k}: saved {_flatten(saved).get(k)!r}, now '
                           f'{_flatten(current).get(k)!r}' for k in keys)

@@ -292,6 +292,26 @@ def test_resuming_with_more_steps_or_another_learning_rate_is_allowed(
   checkpoints.check_compatible(changed)
 
 
+def test_a_run_saved_before_an_option_existed_resumes_with_its_default(
+    tmp_path, config, tokenizer):
+  """Configs saved by an older jaxformer lack the options added since;
+  their defaults behave as before, another value is a change."""
+  older = ml_collections.ConfigDict(config.to_dict())
+  del older.model['sinusoid_layout']
+  del older.data.tokenizer['target_vocab_size']
+  save(tmp_path, [(1, {'w': np.zeros(2)})], older, tokenizer).close()
+  checkpoints = checkpoint_lib.Checkpointer(str(tmp_path), options())
+  defaults = dict(model=dict(sinusoid_layout='interleaved'),
+                  data=dict(tokenizer=dict(target_vocab_size=0)))
+  checkpoints.check_compatible(config, defaults)
+
+  changed = ml_collections.ConfigDict(config.to_dict())
+  changed.model.sinusoid_layout = 'halves'
+  with pytest.raises(checkpoint_lib.CheckpointError,
+                     match="model.sinusoid_layout: saved None, now 'halves'"):
+    checkpoints.check_compatible(changed, defaults)
+
+
 def batching(config, kind: str, grad_accum_steps: int = 1):
   changed = ml_collections.ConfigDict(config.to_dict())
   changed.data.batching = kind

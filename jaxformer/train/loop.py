@@ -3,6 +3,7 @@
 Everything with side effects lives here: the workdir, tokenizers, the data
 stream, checkpoints, metrics, evaluation and signals.
 """
+import dataclasses
 import functools
 import signal
 import time
@@ -20,6 +21,7 @@ from jaxformer import hosts
 from jaxformer import parallel
 from jaxformer import paths
 from jaxformer import trained as trained_lib
+from jaxformer.data import config as data_config_lib
 from jaxformer.data import tasks as data_tasks
 from jaxformer.data import token_cache as token_cache_lib
 from jaxformer.data import tokenizer as tokenizer_lib
@@ -184,7 +186,9 @@ class Trainer:
         config.data, workdir, agree=agree)
     self.config = with_labels(
         with_vocabulary(config, self.source_tok, self.target_tok))
-    self.checkpoints.check_compatible(self.config)
+    self.checkpoints.check_compatible(self.config, defaults=dict(
+        model=dataclasses.asdict(model_config_lib.ModelConfig()),
+        data=data_config_lib.default_data_config().to_dict()))
     self.checkpoints.set_extra(self.config, (self.source_tok, self.target_tok))
     if self.is_main:
       paths.write_text(paths.join(workdir, 'config.json'),
