@@ -41,9 +41,6 @@ RESUMABLE_CHANGES = ('train.', 'eval.', 'checkpoint.', 'decode.', 'init.',
 STATE_LAYOUT = {'train.prng_impl': str, 'train.grad_clip_norm': bool,
                 'train.weight_decay': bool}
 
-EXPORT_FORMAT = 'jaxformer-params-1'
-
-
 class CheckpointError(RuntimeError):
   """A checkpoint that cannot be written or used as asked."""
 
@@ -102,7 +99,7 @@ def make_workdir(directory: str) -> None:
     raise CheckpointError(str(e)) from e
 
 
-def _short(error: Exception, limit: int = 300) -> str:
+def short_error(error: Exception, limit: int = 300) -> str:
   text = f'{type(error).__name__}: {error}'.splitlines()[0]
   return text if len(text) <= limit else text[:limit] + '...'
 
@@ -284,7 +281,7 @@ class Checkpointer:
     _wait_for_failed_writes(self.directory, self._threads_before_save)
     return CheckpointError(
         f'Writing the checkpoint of step {step} to {self.directory} failed '
-        f'({_short(error)}). The previous checkpoints {self.all_steps()} are '
+        f'({short_error(error)}). The previous checkpoints {self.all_steps()} are '
         'kept; fix the cause (disk space, permissions) and run the same '
         'command again to resume.')
 
@@ -334,7 +331,7 @@ class Checkpointer:
         restored, error = self._read_retrying(
             step, abstract_state, shardings), None
       except Exception as e:  # Orbax raises many types for damaged files.
-        restored, error = None, _short(e)
+        restored, error = None, short_error(e)
       unreadable = _processes_failing(error is not None)
       if not unreadable:
         if failures and not self.read_only:
@@ -379,7 +376,7 @@ class Checkpointer:
           raise
         wait = first_wait * 2 ** attempt
         print(f'WARNING: reading checkpoint {self.step_directory(step)} '
-              f'failed ({_short(e)}); trying again in {wait:g}s.',
+              f'failed ({short_error(e)}); trying again in {wait:g}s.',
               file=sys.stderr, flush=True)
         time.sleep(wait)
 
@@ -476,105 +473,3 @@ class Checkpointer:
     except Exception:
       if not self._save_failed_already:
         raise  # Else Orbax raises the failure that was reported again.
-
-
-def _composite_checkpointer():
-  return ocp.Checkpointer(ocp.CompositeCheckpointHandler())
-
-
-def export_params(out: str, params, extra: dict) -> None:
-  """Writes `params` with the config and tokenizers of `extra` to `out`,
-  which must not exist yet."""
-  out = paths.absolute(out)
-  if paths.exists(out):
-    raise CheckpointError(f'{out} already exists; choose another --out, or '
-                          'remove it first.')
-  make_workdir(paths.parent(out))
-  contents = {'format': EXPORT_FORMAT, 'config': extra['config'],
-              'tokenizers': extra['tokenizers'],
-              'steps': extra.get('steps', [extra.get('step')]),
-              'source': extra.get('source', '')}
-  try:
-    _composite_checkpointer().save(out, args=ocp.args.Composite(
-        params=ocp.args.StandardSave(params),
-        extra=ocp.args.JsonSave(contents)))
-  except Exception as e:
-    raise CheckpointError(f'Writing the export {out} failed '
-                          f'({_short(e)}).') from e
-
-
-def is_export(directory: str) -> bool:
-  return (paths.is_dir(paths.join(directory, 'params'))
-          and paths.is_dir(paths.join(directory, 'extra'))
-          and not paths.is_dir(paths.join(directory, 'checkpoints')))
-
-
-def restore_export(directory: str, abstract_params=None):
-  """(extra, params) of the export in `directory`: its JSON item (format,
-  config, tokenizers, steps, source) and, given `abstract_params` (a
-  function of that extra returning ShapeDtypeStructs with shardings), the
-  parameters placed so; else params is None."""
-  checkpointer = _composite_checkpointer()
-  extra = checkpointer.restore(directory, args=ocp.args.Composite(
-      extra=ocp.args.JsonRestore()))['extra']
-  if extra.get('format') != EXPORT_FORMAT:
-    raise CheckpointError(f'{directory} is not a jaxformer export (format '
-                          f'{extra.get("format")!r}, expected '
-                          f'{EXPORT_FORMAT!r}).')
-  if abstract_params is None:
-    return extra, None
-  params = checkpointer.restore(directory, args=ocp.args.Composite(
-      params=ocp.args.StandardRestore(abstract_params(extra))))['params']
-  return extra, params
-
-
-def running_mean(mean, params, count: int):
-  """The mean of `count` trees given that of the first count - 1. Exact
-  when all are equal."""
-  return jax.tree.map(lambda m, p: m + (p - m) / count, mean, params)
-
-
-def mean_params(reader: Checkpointer, steps: list[int], abstract_params):
-  """The mean parameters of `steps` (read one at a time by `reader`, a
-  `Checkpointer.reader`), placed as `abstract_params` says."""
-  mean = None
-  for count, step in enumerate(steps, start=1):
-    params = read_step(reader, step,
-                        lambda s: reader.restore_params(s, abstract_params))
-    mean = params if mean is None else running_mean(mean, params, count)
-  return mean
-
-
-def steps_to_average(reader: Checkpointer, last: int) -> list[int]:
-  """The newest `last` steps of `reader`; raises if it holds fewer."""
-  if last < 1:
-    raise ValueError(f'--last must be at least 1, got {last}.')
-  steps = reader.all_steps()
-  if len(steps) < last:
-    raise CheckpointError(
-        f'{reader.directory} holds {len(steps)} checkpoints {steps}, fewer '
-        f'than --last={last}; lower --last, or train with a larger '
-        'checkpoint.keep.')
-  return steps[-last:]
-
-
-def step_to_export(reader: Checkpointer, step: int | None) -> int:
-  """`step` (default: the latest) if `reader` holds it; raises if not."""
-  steps = reader.all_steps()
-  if not steps:
-    raise CheckpointError(f'{reader.directory} holds no checkpoint; train '
-                          'first or check the --workdir.')
-  step = steps[-1] if step is None else step
-  if step not in steps:
-    raise CheckpointError(f'No checkpoint of step {step} in '
-                          f'{reader.directory}; there are {steps}.')
-  return step
-
-
-def read_step(reader: Checkpointer, step: int, read):
-  try:
-    return read(step)
-  except Exception as e:  # Orbax raises many types for damaged files.
-    raise CheckpointError(
-        f'Checkpoint {reader.step_directory(step)} cannot be read '
-        f'({_short(e)}); choose other steps.') from e

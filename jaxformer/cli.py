@@ -2,11 +2,11 @@
 predict, generate, import and compile."""
 import argparse
 import json
-import logging
 import os
 import sys
 import traceback
 
+from jaxformer import exiting
 from jaxformer import paths
 
 USAGE_OVERRIDES = ('Config overrides: --config.KEY=VALUE (e.g. '
@@ -470,16 +470,6 @@ def build_parser() -> argparse.ArgumentParser:
   return parser
 
 
-def error_line(error: BaseException) -> str:
-  """One line saying what failed: jaxformer's own messages whole, another
-  library's storage error by its type and first line."""
-  if isinstance(error, (ValueError, RuntimeError, paths.StorageError,
-                        FileNotFoundError)):
-    return str(error)
-  lines = str(error).strip().splitlines() or ['']
-  return f'{type(error).__name__}: {lines[0][:300]}'
-
-
 def main(argv=None) -> int:
   argv = sys.argv[1:] if argv is None else list(argv)
   rest, overrides = _split_overrides(argv)
@@ -505,62 +495,15 @@ def main(argv=None) -> int:
     if os.environ.get('JAXFORMER_DEBUG') or not (
         isinstance(e, (ValueError, RuntimeError)) or paths.is_storage_error(e)):
       raise
-    print(f'jaxformer {args.command}: error: {error_line(e)}', file=sys.stderr)
+    print(f'jaxformer {args.command}: error: {exiting.error_line(e)}', file=sys.stderr)
     return 1
-
-
-def exit_process(code: int) -> None:
-  """Ends the process with `code`; after a failure, at once.
-
-  An error can leave threads that would keep a failed run alive for many
-  minutes, or for good: an Orbax save still writing, TensorStore's and
-  gcsfs's retries against storage that is gone, the exit hooks that wait
-  for them (and for the other hosts). So once the error is printed and the
-  output flushed, a non-zero exit skips them (os._exit); the other hosts
-  of a multi-host run stop at their next collective or heartbeat."""
-  if code == 0:
-    sys.exit(0)
-  for stream in (sys.stdout, sys.stderr):
-    try:
-      stream.flush()
-    except (OSError, ValueError):  # A closed pipe: nothing more to say.
-      pass
-  os._exit(code)
-
-
-class _WithoutOrbaxErrors(logging.Filter):
-  """Drops Orbax's error logs (each with a traceback): the error they log
-  reaches the command, which reports it in one line."""
-
-  def filter(self, record: logging.LogRecord) -> bool:
-    if record.levelno < logging.ERROR:
-      return True
-    frame = sys._getframe(1)  # The logging call is below: who made it?
-    while frame is not None:
-      if f'{os.sep}orbax{os.sep}' in frame.f_code.co_filename:
-        return False
-      frame = frame.f_back
-    return True
-
-
-def _closed_loop_callbacks_ignored(report):
-  """sys.unraisablehook without the errors of the callbacks that
-  TensorStore's writes, still finishing after a failed save, send to the
-  event loop Orbax closed on the failure (a traceback each)."""
-  def hook(unraisable):
-    if (unraisable.exc_type is RuntimeError
-        and str(unraisable.exc_value) == 'Event loop is closed'):
-      return
-    report(unraisable)
-  return hook
 
 
 def run() -> None:
   """The `jaxformer` program (pyproject's entry point): main, then
   exit_process; an unexpected exception is printed with its traceback."""
   if not os.environ.get('JAXFORMER_DEBUG'):
-    logging.getLogger('absl').addFilter(_WithoutOrbaxErrors())
-    sys.unraisablehook = _closed_loop_callbacks_ignored(sys.unraisablehook)
+    exiting.quiet_library_errors()
   try:
     code = main()
   except SystemExit as e:  # argparse's usage errors, --help.
@@ -571,7 +514,7 @@ def run() -> None:
   except BaseException:  # A bug: its traceback is the useful report.
     traceback.print_exc()
     code = 1
-  exit_process(code)
+  exiting.exit_process(code)
 
 
 if __name__ == '__main__':

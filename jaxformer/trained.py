@@ -16,6 +16,7 @@ import ml_collections
 import optax
 
 from jaxformer import checkpoint as checkpoint_lib
+from jaxformer import exports
 from jaxformer import parallel
 from jaxformer import paths
 from jaxformer.data.tokenizer import Tokenizer, from_serialized
@@ -89,11 +90,11 @@ def load(directory: str, step: int | None = None) -> Trained:
 
   A latest step that cannot be restored is reported (on stderr, naming
   both steps) and the one before used."""
-  if checkpoint_lib.is_export(directory):
+  if exports.is_export(directory):
     if step is not None:
       raise ValueError(f'{directory} is an export with one set of '
                        'parameters (no steps); leave out --checkpoint.')
-    extra, params = checkpoint_lib.restore_export(directory, _abstract_params_of)
+    extra, params = exports.restore_export(directory, _abstract_params_of)
     steps = extra.get('steps') or [None]
     return _trained(params, extra, steps[-1])
   if not paths.is_dir(paths.join(directory, 'checkpoints')):
@@ -143,12 +144,12 @@ def pretrained_start(config: ml_collections.ConfigDict):
   directory = config.get('init', {}).get('pretrained', '')
   if not directory:
     return config, None
-  if not checkpoint_lib.is_export(directory):
+  if not exports.is_export(directory):
     raise FileNotFoundError(
         f'--config.init.pretrained={directory} is not a jaxformer export; make '
         'one with `jaxformer import --from HF_FOLDER --out DIR` or '
         '`jaxformer export`.')
-  extra, _ = checkpoint_lib.restore_export(directory)
+  extra, _ = exports.restore_export(directory)
   saved = ml_collections.ConfigDict(extra['config'])
   config = ml_collections.ConfigDict(config.to_dict())
   if saved.task != config.task:
@@ -169,7 +170,7 @@ def pretrained_params(directory: str, config: ml_collections.ConfigDict,
                       mesh):
   """The parameters of the export `directory`, placed as the model of
   `config` on `mesh` wants them."""
-  _, params = checkpoint_lib.restore_export(
+  _, params = exports.restore_export(
       directory, lambda extra: abstract_params(config, mesh))
   return params
 
@@ -178,12 +179,12 @@ def export(workdir: str, out: str, step: int | None = None) -> int:
   """Exports the parameters of `step` (default: the latest) of `workdir`
   to `out`; returns the step."""
   reader = checkpoint_lib.Checkpointer.reader(workdir)
-  step = checkpoint_lib.step_to_export(reader, step)
-  extra = checkpoint_lib.read_step(reader, step, reader.restore_extra)
+  step = exports.step_to_export(reader, step)
+  extra = exports.read_step(reader, step, reader.restore_extra)
   target = _abstract_params_of(extra)
-  params = checkpoint_lib.read_step(
+  params = exports.read_step(
       reader, step, lambda s: reader.restore_params(s, target))
-  checkpoint_lib.export_params(out, params, dict(
+  exports.export_params(out, params, dict(
       extra, steps=[step], source=reader.directory))
   return step
 
@@ -193,9 +194,9 @@ def average(workdir: str, last: int, out: str) -> list[int]:
   `workdir` to `out` (as the paper averages the last 5 or 20); returns the
   averaged steps."""
   reader = checkpoint_lib.Checkpointer.reader(workdir)
-  steps = checkpoint_lib.steps_to_average(reader, last)
-  extra = checkpoint_lib.read_step(reader, steps[-1], reader.restore_extra)
-  mean = checkpoint_lib.mean_params(reader, steps, _abstract_params_of(extra))
-  checkpoint_lib.export_params(out, mean, dict(
+  steps = exports.steps_to_average(reader, last)
+  extra = exports.read_step(reader, steps[-1], reader.restore_extra)
+  mean = exports.mean_params(reader, steps, _abstract_params_of(extra))
+  exports.export_params(out, mean, dict(
       extra, steps=steps, source=reader.directory))
   return steps

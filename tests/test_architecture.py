@@ -10,10 +10,11 @@ LAYERS = {
     'paths': 0, 'parallel': 0, 'config_ranges': 0, 'hlo': 0, 'token_ids': 0,
     'host_memory': 0, 'row_share': 0, 'compilation_cache': 0,
     'model': 1, 'data': 1,
-    'train': 2, 'tasks': 2, 'checkpoint': 2, 'decode': 2, 'hosts': 2,
+    'train': 2, 'tasks': 2, 'checkpoint': 2, 'exports': 2, 'decode': 2,
+    'hosts': 2,
     'trained': 3, 'evaluate': 3, 'predict': 3, 'plots': 3, 'host_plan': 3,
     'train.loop': 4, 'interop': 4,
-    'config': 5, 'aot': 5, 'aot_cache': 5, 'cli': 5,
+    'config': 5, 'aot': 5, 'aot_cache': 5, 'exiting': 5, 'cli': 5,
 }
 
 
@@ -56,6 +57,8 @@ def test_no_module_imports_a_higher_layer():
 
 def test_checkpoint_code_knows_only_orbax_and_paths():
   assert imports(PACKAGE / 'checkpoint.py') == {'jaxformer.paths'}
+  assert imports(PACKAGE / 'exports.py') == {'jaxformer.paths',
+                                             'jaxformer.checkpoint'}
 
 
 def test_the_data_layer_does_not_import_tasks_or_the_model():

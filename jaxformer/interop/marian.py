@@ -25,7 +25,7 @@ from typing import Callable
 
 import numpy as np
 
-from jaxformer import checkpoint as checkpoint_lib
+from jaxformer import exports
 from jaxformer.data import sources
 from jaxformer.data import vocab_tokenizer
 from jaxformer.model.config import ModelConfig
@@ -349,7 +349,7 @@ def import_folder(folder: str, out: str, base_config,
            'steps': [0], 'source': folder}
   partial = f'{out}.partial-{os.getpid()}'
   try:
-    checkpoint_lib.export_params(partial, params, extra)
+    exports.export_params(partial, params, extra)
     os.rename(partial, out)
   finally:
     shutil.rmtree(partial, ignore_errors=True)

@@ -5,7 +5,6 @@ Presets follow Table 3 of "Attention Is All You Need": `base` and `big`.
 import dataclasses
 from typing import Any
 
-import jax.numpy as jnp
 import ml_collections
 
 from jaxformer.model import backend

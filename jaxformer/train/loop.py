@@ -15,6 +15,7 @@ import numpy as np
 from jax.experimental import multihost_utils
 
 from jaxformer import checkpoint as checkpoint_lib
+from jaxformer import exports
 from jaxformer import evaluate as evaluate_lib
 from jaxformer import host_plan
 from jaxformer import hosts
@@ -452,12 +453,12 @@ class Trainer:
         state.params)
     reader = checkpoint_lib.Checkpointer.reader(self.workdir)
     state = state.replace(
-        params=checkpoint_lib.mean_params(reader, steps, abstract))
+        params=exports.mean_params(reader, steps, abstract))
     metrics = self.evaluate(state)
     writer.write(step, metrics, prefix='eval_average_')
     out = paths.join(self.workdir, f'average_{steps[0]}-{steps[-1]}')
     if not paths.exists(out):
-      checkpoint_lib.export_params(out, state.params, dict(
+      exports.export_params(out, state.params, dict(
           self.checkpoints.extra, steps=steps,
           source=self.checkpoints.directory))
     self.log(f'Averaged the checkpoints of steps {steps} (exported to {out}): '

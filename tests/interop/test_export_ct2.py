@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 import export_models
-from jaxformer import checkpoint, cli, decode
+from jaxformer import cli, decode, exports
 from jaxformer.interop import ct2, folders
 from jaxformer.model import EncoderDecoder
 
@@ -90,7 +90,7 @@ def export_dir(tok, tmp_path_factory):
   extra = {'config': model.config.to_dict(), 'steps': [0],
            'tokenizers': [__import__('base64').b64encode(
                tok.serialized_model_proto()).decode()]}
-  checkpoint.export_params(path, model.params, extra)
+  exports.export_params(path, model.params, extra)
   return path
 
 

@@ -6,7 +6,6 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
-from jax.sharding import PartitionSpec
 
 from jaxformer import parallel
 from jaxformer.model import EncoderDecoder, ModelConfig, backend, kernels
