@@ -74,7 +74,8 @@ def test_a_first_resume_stores_the_counts_it_planned(config, tok, tmp_path,
   want = take(config, tok, STEP)
   assert_equal_batches(take(config, tok, STEP, token_cache=cache), want)
   (path,) = count_files(cache)
-  assert len(json.load(open(path))['counts']) == EPOCH + 1
+  # The epochs up to the step, and any that prefetching has planned since.
+  assert len(json.load(open(path))['counts']) >= EPOCH + 1
   no_planning(monkeypatch)
   assert_equal_batches(take(config, tok, STEP, token_cache=cache), want)
 
