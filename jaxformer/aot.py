@@ -240,7 +240,8 @@ def build_programs(config: ml_collections.ConfigDict, mesh,
         model=task.model(model_config, deterministic=False), tx=tx,
         schedule=schedule, label_smoothing=train.label_smoothing,
         grad_accum_steps=accum, prng_impl=train.prng_impl)
-    for rows, source, target in train_shapes(config, parallel.row_shards(mesh), buckets):
+    for rows, source, target in train_shapes(
+        config, parallel.row_shards(mesh), buckets):
       name = task.shape_name(rows, source, target)
       _check_rows(f'train batch {name}', rows // accum, mesh,
                   'data.batch_size / data.tokens_per_batch')

@@ -281,9 +281,9 @@ class Checkpointer:
     _wait_for_failed_writes(self.directory, self._threads_before_save)
     return CheckpointError(
         f'Writing the checkpoint of step {step} to {self.directory} failed '
-        f'({short_error(error)}). The previous checkpoints {self.all_steps()} are '
-        'kept; fix the cause (disk space, permissions) and run the same '
-        'command again to resume.')
+        f'({short_error(error)}). The previous checkpoints '
+        f'{self.all_steps()} are kept; fix the cause (disk space, '
+        'permissions) and run the same command again to resume.')
 
   def restore_extra(self, step: int) -> dict:
     return self.manager.restore(

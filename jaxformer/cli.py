@@ -495,7 +495,8 @@ def main(argv=None) -> int:
     if os.environ.get('JAXFORMER_DEBUG') or not (
         isinstance(e, (ValueError, RuntimeError)) or paths.is_storage_error(e)):
       raise
-    print(f'jaxformer {args.command}: error: {exiting.error_line(e)}', file=sys.stderr)
+    print(f'jaxformer {args.command}: error: {exiting.error_line(e)}',
+          file=sys.stderr)
     return 1
 
 

@@ -4,7 +4,8 @@ run's checkpoints. Like checkpoint.py, it knows only Orbax and `paths`."""
 import jax
 import orbax.checkpoint as ocp
 
-from jaxformer import checkpoint as checkpoint_lib
+from jaxformer.checkpoint import (Checkpointer, CheckpointError,
+                                  make_workdir, short_error)
 from jaxformer import paths
 
 EXPORT_FORMAT = 'jaxformer-params-1'
@@ -19,9 +20,9 @@ def export_params(out: str, params, extra: dict) -> None:
   which must not exist yet."""
   out = paths.absolute(out)
   if paths.exists(out):
-    raise checkpoint_lib.CheckpointError(f'{out} already exists; choose another --out, or '
+    raise CheckpointError(f'{out} already exists; choose another --out, or '
                           'remove it first.')
-  checkpoint_lib.make_workdir(paths.parent(out))
+  make_workdir(paths.parent(out))
   contents = {'format': EXPORT_FORMAT, 'config': extra['config'],
               'tokenizers': extra['tokenizers'],
               'steps': extra.get('steps', [extra.get('step')]),
@@ -31,8 +32,8 @@ def export_params(out: str, params, extra: dict) -> None:
         params=ocp.args.StandardSave(params),
         extra=ocp.args.JsonSave(contents)))
   except Exception as e:
-    raise checkpoint_lib.CheckpointError(f'Writing the export {out} failed '
-                          f'({checkpoint_lib.short_error(e)}).') from e
+    raise CheckpointError(f'Writing the export {out} failed '
+                          f'({short_error(e)}).') from e
 
 
 def is_export(directory: str) -> bool:
@@ -50,7 +51,7 @@ def restore_export(directory: str, abstract_params=None):
   extra = checkpointer.restore(directory, args=ocp.args.Composite(
       extra=ocp.args.JsonRestore()))['extra']
   if extra.get('format') != EXPORT_FORMAT:
-    raise checkpoint_lib.CheckpointError(f'{directory} is not a jaxformer export (format '
+    raise CheckpointError(f'{directory} is not a jaxformer export (format '
                           f'{extra.get("format")!r}, expected '
                           f'{EXPORT_FORMAT!r}).')
   if abstract_params is None:
@@ -66,7 +67,7 @@ def running_mean(mean, params, count: int):
   return jax.tree.map(lambda m, p: m + (p - m) / count, mean, params)
 
 
-def mean_params(reader: checkpoint_lib.Checkpointer, steps: list[int], abstract_params):
+def mean_params(reader: Checkpointer, steps: list[int], abstract_params):
   """The mean parameters of `steps` (read one at a time by `reader`, a
   `Checkpointer.reader`), placed as `abstract_params` says."""
   mean = None
@@ -77,36 +78,36 @@ def mean_params(reader: checkpoint_lib.Checkpointer, steps: list[int], abstract_
   return mean
 
 
-def steps_to_average(reader: checkpoint_lib.Checkpointer, last: int) -> list[int]:
+def steps_to_average(reader: Checkpointer, last: int) -> list[int]:
   """The newest `last` steps of `reader`; raises if it holds fewer."""
   if last < 1:
     raise ValueError(f'--last must be at least 1, got {last}.')
   steps = reader.all_steps()
   if len(steps) < last:
-    raise checkpoint_lib.CheckpointError(
+    raise CheckpointError(
         f'{reader.directory} holds {len(steps)} checkpoints {steps}, fewer '
         f'than --last={last}; lower --last, or train with a larger '
         'checkpoint.keep.')
   return steps[-last:]
 
 
-def step_to_export(reader: checkpoint_lib.Checkpointer, step: int | None) -> int:
+def step_to_export(reader: Checkpointer, step: int | None) -> int:
   """`step` (default: the latest) if `reader` holds it; raises if not."""
   steps = reader.all_steps()
   if not steps:
-    raise checkpoint_lib.CheckpointError(f'{reader.directory} holds no checkpoint; train '
+    raise CheckpointError(f'{reader.directory} holds no checkpoint; train '
                           'first or check the --workdir.')
   step = steps[-1] if step is None else step
   if step not in steps:
-    raise checkpoint_lib.CheckpointError(f'No checkpoint of step {step} in '
+    raise CheckpointError(f'No checkpoint of step {step} in '
                           f'{reader.directory}; there are {steps}.')
   return step
 
 
-def read_step(reader: checkpoint_lib.Checkpointer, step: int, read):
+def read_step(reader: Checkpointer, step: int, read):
   try:
     return read(step)
   except Exception as e:  # Orbax raises many types for damaged files.
-    raise checkpoint_lib.CheckpointError(
+    raise CheckpointError(
         f'Checkpoint {reader.step_directory(step)} cannot be read '
-        f'({checkpoint_lib.short_error(e)}); choose other steps.') from e
+        f'({short_error(e)}); choose other steps.') from e
