@@ -23,6 +23,8 @@ import json
 import subprocess
 import sys
 
+from tpu_vm import workdir_of  # launch/, beside this script
+
 # GKE's node labels per TPU generation: (gke-tpu-accelerator, chips per host
 # of a multi-host slice, whether the accelerator type counts TensorCores).
 TPU_FAMILIES = {
@@ -106,15 +108,6 @@ def parse_args(argv):
           'each pod would keep its own checkpoints, lost at a restart. Use '
           'gs://...', file=sys.stderr)
   return args
-
-
-def workdir_of(command) -> str | None:
-  for i, word in enumerate(command):
-    if word == '--workdir' and i + 1 < len(command):
-      return command[i + 1]
-    if word.startswith('--workdir='):
-      return word.split('=', 1)[1]
-  return None
 
 
 def pod_spec(args) -> tuple[int, dict]:

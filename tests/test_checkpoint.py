@@ -319,14 +319,19 @@ def batching(config, kind: str, grad_accum_steps: int = 1):
   return changed
 
 
-def test_resuming_bucket_batches_on_another_row_multiple_needs_consent(
-    tmp_path, config, tokenizer, capsys):
-  bucket = batching(config, 'bucket')
-  checkpoints = checkpoint_lib.Checkpointer(str(tmp_path), options())
-  checkpoints.set_extra(bucket, [tokenizer])
-  checkpoints.use_data_order(data_tasks.data_order(bucket, 8), False)
+def save_in_data_order(workdir, config, tokenizer, row_shards: int) -> None:
+  """A checkpoint of step 1 saved with `config`'s data order on a mesh of
+  `row_shards` row shards."""
+  checkpoints = checkpoint_lib.Checkpointer(str(workdir), options())
+  checkpoints.set_extra(config, [tokenizer])
+  checkpoints.use_data_order(data_tasks.data_order(config, row_shards), False)
   checkpoints.save(1, {'w': np.zeros(2)}, {'loss': 1.0})
   checkpoints.close()
+
+
+def test_resuming_bucket_batches_on_another_row_multiple_needs_consent(
+    tmp_path, config, tokenizer, capsys):
+  save_in_data_order(tmp_path, batching(config, 'bucket'), tokenizer, 8)
 
   resumed = checkpoint_lib.Checkpointer(str(tmp_path), options())
   # 4 row shards x 2 microbatches: a multiple of 8 rows as before, the
@@ -374,11 +379,7 @@ def test_pack_batches_resume_on_any_layout(tmp_path, config, tokenizer):
       bucket, tokenizer, 1)] != [len(batch['inputs']) for batch in
                                  first_batches(bucket, tokenizer, 16)]
 
-  checkpoints = checkpoint_lib.Checkpointer(str(tmp_path), options())
-  checkpoints.set_extra(pack, [tokenizer])
-  checkpoints.use_data_order(data_tasks.data_order(pack, 8), False)
-  checkpoints.save(1, {'w': np.zeros(2)}, {'loss': 1.0})
-  checkpoints.close()
+  save_in_data_order(tmp_path, pack, tokenizer, 8)
   resumed = checkpoint_lib.Checkpointer(str(tmp_path), options())
   resumed.use_data_order(data_tasks.data_order(batching(config, 'pack', 4), 2),
                          False)

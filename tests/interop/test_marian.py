@@ -160,10 +160,10 @@ def test_tokenisation_equals_marian_tokenizer(imported):
                  skip_special_tokens=True) for row in ids]
 
 
+@pytest.mark.parametrize('imported', ['shared-swish-scaled-2+1'],
+                         indirect=True)  # One shape is enough for commands.
 def test_translate_and_evaluate_commands_give_what_generate_decodes(
     imported, tmp_path, capsys):
-  if imported.shape['separate']:
-    pytest.skip('one shape is enough for the commands')
   texts = sentences(4, 11)
   hf = imported.generate(imported.rows(texts), num_beams=1)
   expected = [imported.hf_tok.decode(row, skip_special_tokens=True)
