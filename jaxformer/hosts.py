@@ -87,29 +87,14 @@ def check_shared_workdir(workdir: str, timeout_seconds: float = 120,
                                 timeout_seconds)
   failed = {p: v for p, v in enumerate(verdicts) if v != 'ok'}
   if failed:
-    # Process 0 holds the key-value store: its exit would cut off a process
-    # still reading the verdicts, which would then fail with a gRPC error
-    # instead of this line. So it waits until every process has them.
-    _all_have_read('workdir_probe_verdicts', timeout_seconds)
+    # Every process has the verdicts and fails: they leave the runtime
+    # together. Process 0 holds its service; exiting on its own, it would
+    # end the others (a gRPC error or a fatal log) before they print this.
+    jax.distributed.shutdown()
     who = '; '.join(f'process {p} {v}' for p, v in failed.items())
     raise NotSharedError(
         f'The workdir {workdir} must be shared by all {len(verdicts)} '
         f'processes (a gs:// bucket or a shared file system): {who}.')
-
-
-def _all_have_read(name: str, timeout_seconds: float) -> None:
-  """Each process but 0 says it has read `name`; process 0 waits for all."""
-  client = _client()
-  if jax.process_index() != 0:
-    try:
-      client.key_value_set(f'jaxformer/{name}/read/{jax.process_index()}',
-                           'ok')
-    except Exception:  # pylint: disable=broad-except
-      pass  # Process 0 may exit on this very write, before it is answered.
-    return
-  for p in range(1, jax.process_count()):
-    client.blocking_key_value_get(f'jaxformer/{name}/read/{p}',
-                                  int(timeout_seconds * 1000))
 
 
 def _read_probe(probe: str, token: str, read_seconds: float) -> str:
