@@ -25,8 +25,8 @@ import argparse
 import os
 import pathlib
 
-from jaxformer import aot
-from jaxformer.config import load_config
+from jaxformer.aot import compile_run as aot
+from jaxformer.config.settings import load_config
 
 CONFIG = str(pathlib.Path(__file__).resolve().parents[1] / 'configs'
              / 'wmt14_ende_big.py') + ':bf16'

@@ -24,7 +24,7 @@ import os
 import subprocess
 import sys
 
-from jaxformer.train.metrics import read_metrics
+from jaxformer.run.metrics import read_metrics
 
 CONFIG = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(
     __file__))), 'configs', 'tsv_example.py') + ':cpu'

@@ -42,7 +42,7 @@ def free_port() -> int:
 
 def tokenizer(directory: pathlib.Path) -> str:
   """A small SentencePiece model on the built-in data, trained once."""
-  from jaxformer import config as config_lib
+  from jaxformer.config import settings as config_lib
   from jaxformer.data import builtin
   from jaxformer.data import tokenizer as tokenizer_lib
   tok_config = config_lib.default_config().data.tokenizer
@@ -68,7 +68,7 @@ def trial(count: int, heartbeat: int, model: str, overrides: list[str],
   """One run of `count` processes, one of them killed; what followed."""
   step, victim = int(rng.integers(3, 9)), int(rng.integers(1, count))
   workdir, port = directory / 'run', free_port()
-  command = [sys.executable, '-m', 'jaxformer.cli', 'train', '--config',
+  command = [sys.executable, '-m', 'jaxformer', 'train', '--config',
              f'{REPO}/configs/quickstart.py:runlocal', '--workdir',
              str(workdir), *TINY, f'--config.data.tokenizer.model_path={model}',
              f'--config.distributed.heartbeat_timeout={heartbeat}', *overrides]

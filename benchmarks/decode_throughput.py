@@ -37,7 +37,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from jaxformer import decode
+from jaxformer.inference import search
 from jaxformer.model import EncoderDecoder, ModelConfig, cpu_kernels
 
 MODELS = {
@@ -122,10 +122,10 @@ class Engines:
   @staticmethod
   def _jaxformer(params, config, rows, length, beam, parts):
     if beam == 1:
-      return lambda: decode.greedy_decode(
+      return lambda: search.greedy_decode(
           params, config, rows, max_decode_len=length, eos_id=NO_EOS,
           batch_parts=parts)
-    return lambda: decode.beam_search(
+    return lambda: search.beam_search(
         params, config, rows, beam_size=beam, max_decode_len=length,
         eos_id=NO_EOS, batch_parts=parts)
 
@@ -145,7 +145,7 @@ def race(engines: Engines, rounds: int, output_tokens: int, label: str
         wall, cpu = timed(engines.runs[n, beam])
         walls[n].append(wall)
         cpus[n].append(cpu)
-    search = 'greedy' if beam == 1 else f'beam {beam}'
+    search_name = 'greedy' if beam == 1 else f'beam {beam}'
     anchor = float(np.median(walls['jaxformer'])) if 'jaxformer' in walls \
         else None
     for n in names:
@@ -153,10 +153,10 @@ def race(engines: Engines, rounds: int, output_tokens: int, label: str
       ratio = f'{anchor / wall:5.2f}x jaxformer' if anchor else ''
       extra = (f', compile {first[n] - wall:.1f} s' if n == 'jaxformer'
                else '')
-      print(f'| {label} | {search} | {n} | {output_tokens / wall:7.0f} | '
+      print(f'| {label} | {search_name} | {n} | {output_tokens / wall:7.0f} | '
             f'{wall * 1e3:7.0f} | {float(np.median(cpus[n])) * 1e3:7.0f} | '
             f'{ratio}{extra} |', flush=True)
-      figures.append({'model': label, 'search': search, 'engine': n,
+      figures.append({'model': label, 'search': search_name, 'engine': n,
                       'output_tokens_per_s': output_tokens / wall,
                       'batch_s': wall, 'compile_s': first[n] - wall})
   return figures
@@ -165,7 +165,8 @@ def race(engines: Engines, rounds: int, output_tokens: int, label: str
 def trained_model(workdir: str, batch: int):
   """(params, config, rows [batch, s], vocabulary, test sentences) of a
   trained run's test split."""
-  from jaxformer import evaluate, trained
+  from jaxformer.inference import evaluate
+  from jaxformer.checkpoints import trained
   from jaxformer.data import sources
   model = trained.load(workdir)
   pairs = sources.read_split(model.config.data, 'test')
@@ -181,14 +182,14 @@ def exactness(model, sentences, directory: str) -> None:
   """How many greedy outputs of the CTranslate2 exports (float32, int8)
   equal jaxformer's, on a trained model's test sentences."""
   import ctranslate2
-  from jaxformer import evaluate
+  from jaxformer.inference import evaluate
   from jaxformer.interop import ct2
   config = model.model_config
   rows, _ = evaluate.encode_sources(model.source_tok, sentences,
                                     model.config.data.max_source_length)
-  length = decode.max_decode_length(rows, model.config.decode.max_extra_len,
+  length = search.max_decode_length(rows, model.config.decode.max_extra_len,
                                     config.max_len)
-  ours = np.asarray(decode.greedy_decode(model.params, config, rows,
+  ours = np.asarray(search.greedy_decode(model.params, config, rows,
                                          max_decode_len=length))
   ours = [[int(t) for t in row[:list(row).index(config.eos_id)]]
           if config.eos_id in row else [int(t) for t in row] for row in ours]

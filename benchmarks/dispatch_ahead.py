@@ -21,10 +21,10 @@ import time
 import jax
 import numpy as np
 
-from jaxformer import parallel
-from jaxformer.config import load_config
-from jaxformer.data import tasks as data_tasks
-from jaxformer.train.loop import Trainer
+from jaxformer.parallel import mesh as mesh_lib
+from jaxformer.config.settings import load_config
+from jaxformer.data import task_batches
+from jaxformer.run.trainer import Trainer
 from jaxformer.train.step import compile_train_step
 
 
@@ -35,7 +35,7 @@ def run_round(step_fn, state, batches, mesh, steps: int, mode: str,
   start = time.perf_counter()
   for index in range(1, steps + 1):
     local = next(batches)
-    state, metrics = step_fn(state, parallel.global_batch(local, mesh))
+    state, metrics = step_fn(state, mesh_lib.global_batch(local, mesh))
     tokens += int(sum(np.count_nonzero(local[k]) for k in ('inputs', 'targets')
                       if k in local))
     pending.append(metrics)
@@ -66,9 +66,9 @@ def main(argv=None):
     state = trainer.initial_state()
     trainer.checkpoints.close()
   config, train = trainer.config, trainer.config.train
-  batches = data_tasks.train_batches(config, trainer.source_tok,
+  batches = task_batches.train_batches(config, trainer.source_tok,
                                      trainer.target_tok, start_step=0)
-  with parallel.activate(trainer.mesh, trainer.rules):
+  with mesh_lib.activate(trainer.mesh, trainer.rules):
     step_fn = compile_train_step(
         trainer.mesh, jax.tree.map(lambda x: x.sharding, state),
         task=trainer.task,

@@ -58,7 +58,7 @@ import gcs_emulator  # noqa: E402  (the emulator's request counts)
 
 
 def data_config(tsv: str):
-  from jaxformer.data.config import default_data_config
+  from jaxformer.data.defaults import default_data_config
   config = default_data_config()
   config.source = 'tsv'
   config.tsv.train = tsv
@@ -95,7 +95,7 @@ def start_emulator(bucket: str) -> subprocess.Popen:
 def generate(tsv: str, num_pairs: int, seed: int = 1) -> None:
   """`num_pairs` built-in sentence pairs (not deduplicated), written in
   chunks (to a local file, then copied when `tsv` is remote)."""
-  from jaxformer import paths
+  from jaxformer.storage import paths
   if paths.is_remote(tsv):
     with tempfile.TemporaryDirectory() as scratch:
       local = os.path.join(scratch, 'train.tsv')
@@ -147,7 +147,7 @@ def phase_tokenise(tsv: str, workdir: str) -> dict:
 
 
 def tokenizer_path(workdir: str) -> str:
-  from jaxformer import paths
+  from jaxformer.storage import paths
   return paths.join(workdir, 'tokenizer', 'joint.model')
 
 
@@ -187,7 +187,7 @@ def phase_restart(tsv: str, workdir: str, resume_step: int, batches: int,
 
 
 def remove(path: str) -> None:
-  from jaxformer import paths
+  from jaxformer.storage import paths
   if paths.is_remote(path):
     import fsspec
     filesystem, name = fsspec.core.url_to_fs(path)
@@ -231,7 +231,7 @@ def main() -> None:
                       help=argparse.SUPPRESS)
   args = parser.parse_args()
   if args.phase:  # One phase, in a subprocess started below.
-    from jaxformer import paths
+    from jaxformer.storage import paths
     tsv = paths.join(args.workdir, 'train.tsv')
     if args.phase == 'tokenizer':
       result = phase_tokenizer(tsv, args.workdir, args.sample_size)
@@ -243,7 +243,7 @@ def main() -> None:
     print(json.dumps(result))
     return
 
-  from jaxformer import paths
+  from jaxformer.storage import paths
   emulator = None
   if args.emulator:
     if not paths.is_remote(args.workdir):
@@ -258,7 +258,7 @@ def main() -> None:
 
 
 def run(args) -> None:
-  from jaxformer import paths
+  from jaxformer.storage import paths
   remote = paths.is_remote(args.workdir)
   if remote and not emulator_port():
     sys.exit('a gs:// --workdir is measured against the GCS emulator: pass '

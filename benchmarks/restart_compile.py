@@ -70,7 +70,7 @@ def main() -> None:
                  'reach the next checkpoint)')
   root = args.workdir or tempfile.mkdtemp(prefix='restart_compile_')
   cache = os.path.join(root, 'xla')
-  argv = [sys.executable, '-m', 'jaxformer.cli', 'train', '--config',
+  argv = [sys.executable, '-m', 'jaxformer', 'train', '--config',
           args.config, '--workdir', os.path.join(root, 'run'),
           '--config.train.log_every=1',
           f'--config.checkpoint.every={args.checkpoint}',

@@ -50,10 +50,10 @@ import jax.numpy as jnp
 import ml_collections
 import numpy as np
 
-from jaxformer import parallel
+from jaxformer.parallel import mesh as mesh_lib
 from jaxformer.model import ModelConfig
 from jaxformer.model.backend import ATTENTION_IMPLS
-from jaxformer.tasks import get_task
+from jaxformer.train.tasks import get_task
 from jaxformer.train import schedule as schedules
 from jaxformer.train.flops import training_flops_per_step
 from jaxformer.train.state import count_params, create_train_state
@@ -102,21 +102,21 @@ def our_step(model_config, batches):
   """Our jitted train step on `batches` (a list of host batches, used in
   turn). Returns (step: () -> metrics, compile seconds, parameter count)."""
   task = get_task('translation')
-  mesh = parallel.make_mesh({'data': -1})
-  rules = parallel.DEFAULT_AXIS_RULES
+  mesh = mesh_lib.make_mesh({'data': -1})
+  rules = mesh_lib.DEFAULT_AXIS_RULES
   schedule = schedules.make_schedule(TRAIN, model_config.d_model)
   tx = schedules.make_optimizer(TRAIN, schedule)
   state = create_train_state(task, task.model(model_config), tx, batches[0],
                              mesh, rules, seed=0)
   params = count_params(state.params)
   shardings = jax.tree.map(lambda x: x.sharding, state)
-  with parallel.activate(mesh, rules):
+  with mesh_lib.activate(mesh, rules):
     step = compile_train_step(
         mesh, shardings, task=task,
         model=task.model(model_config, deterministic=False), tx=tx,
         schedule=schedule, label_smoothing=0.1, grad_accum_steps=1,
         prng_impl='threefry2x32')
-    device_batches = [parallel.global_batch(b, mesh) for b in batches]
+    device_batches = [mesh_lib.global_batch(b, mesh) for b in batches]
     start = time.perf_counter()
     compiled = step.lower(state, device_batches[0]).compile()
   compile_seconds = time.perf_counter() - start

@@ -12,7 +12,7 @@ Sized for one CPU host. `jaxformer compile --config configs/classify_quick.py
 --topology v5e-4` (data=4) printed: train step 64x24 12.1 MiB per chip of
 16 GiB (fits), cost model 0.10 ms per step, MFU 1.2%; eval step 1.5 MiB.
 """
-from jaxformer.config import small_task_config
+from jaxformer.config.settings import small_task_config
 
 
 def get_config(arg: str = ''):

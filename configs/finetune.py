@@ -14,7 +14,7 @@ to 0 (a pretrained model forgets what it knew at from-scratch rates).
 Resume, the time budget (train.max_minutes), checkpoint averaging
 (eval.average_last) and evaluation work as for any run.
 """
-from jaxformer.config import default_config
+from jaxformer.config.settings import default_config
 
 
 def get_config():

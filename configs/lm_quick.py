@@ -12,7 +12,7 @@ Sized for one CPU host. `jaxformer compile --config configs/lm_quick.py
 --topology v5e-4` (data=4) printed: train step 32x64 11.0 MiB per chip of
 16 GiB (fits), cost model 0.12 ms per step, MFU 1.7%; eval step 1.4 MiB.
 """
-from jaxformer.config import small_task_config
+from jaxformer.config.settings import small_task_config
 
 
 def get_config(arg: str = ''):

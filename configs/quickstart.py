@@ -11,7 +11,7 @@ printed: train step 64x(40+40) 44.5 MiB per chip of 16 GiB (fits), cost
 model 0.59 ms per step, MFU 3.5%; eval step 7.0 MiB; beam-4 decode of 100 x
 40 -> 56 tokens 27.4 MiB.
 """
-from jaxformer.config import default_config
+from jaxformer.config.settings import default_config
 
 
 def get_config(arg: str = ''):

@@ -12,7 +12,7 @@ Sized for one CPU host. `jaxformer compile --config configs/regress_quick.py
 --topology v5e-4` (data=4) printed: train step 64x24 12.0 MiB per chip of
 16 GiB (fits), cost model 0.10 ms per step, MFU 1.3%; eval step 3.2 MiB.
 """
-from jaxformer.config import small_task_config
+from jaxformer.config.settings import small_task_config
 
 
 def get_config(arg: str = ''):

@@ -17,7 +17,7 @@ step, no time estimate for v5e.
 `configs/tsv_example.py:cpu` is the recipe for a laptop (2 CPU cores, about
 15 minutes); the default is the GPU/TPU recipe. See benchmarks/cpu_recipe.md.
 """
-from jaxformer.config import default_config
+from jaxformer.config.settings import default_config
 
 
 def get_config(arg: str = ''):

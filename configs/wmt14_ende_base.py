@@ -24,7 +24,7 @@ step 32x(256+256) 0.39 GiB; beam-4 decode of 64 x 256 -> 256 tokens
 0.82 GiB (0.24 GiB of it the parameters). All fit; no time estimate from
 the cost model for v5e.
 """
-from jaxformer.config import default_config
+from jaxformer.config.settings import default_config
 from jaxformer.model import config as model_config
 
 

@@ -12,7 +12,7 @@ os.environ.setdefault('TF_ENABLE_ONEDNN_OPTS', '0')
 
 # Before JAX starts its backend: XLA's CPU temporaries are then reused from
 # step to step instead of faulted in afresh (host_memory.py).
-from jaxformer import host_memory  # pylint: disable=g-import-not-at-top
+from jaxformer.runtime import host_memory
 
 host_memory.keep_freed_memory()
 

@@ -12,7 +12,7 @@ onto one node pool of the slice's accelerator and topology
 gives them TPU_WORKER_ID and TPU_WORKER_HOSTNAMES, from which JAX finds the
 others. GPU pods (--gpu-type) get JAX_COORDINATOR_ADDRESS (pod 0 through the
 JobSet's headless service) and JAX_NUM_PROCESSES; their process id is the
-Indexed Job's JOB_COMPLETION_INDEX (jaxformer.parallel). A failed or
+Indexed Job's JOB_COMPLETION_INDEX (jaxformer.parallel.mesh). A failed or
 preempted pod restarts the whole JobSet (up to --max-restarts times), which
 resumes from the last checkpoint, so the workdir must be one every pod sees
 (gs://). The image must have jaxformer installed (pip install

@@ -33,7 +33,7 @@ _CONTROL = '/_emulator/'
 
 def environment(port: int) -> dict[str, str]:
   """The variables that point gcsfs, Google's clients and TensorStore at
-  the emulator; nothing else is needed (jaxformer.paths sends epath's
+  the emulator; nothing else is needed (jaxformer.storage.paths sends epath's
   gs:// through gcsfs)."""
   url = f'http://127.0.0.1:{port}'
   return {'STORAGE_EMULATOR_HOST': url, 'TENSORSTORE_GCS_HTTP_URL': url}

@@ -16,9 +16,10 @@ import jax
 import numpy as np
 from jax.experimental import multihost_utils
 
-from jaxformer import config as config_lib
-from jaxformer import parallel
-from jaxformer.data import tasks as data_tasks
+from jaxformer.config import settings as config_lib
+from jaxformer.parallel import cluster
+from jaxformer.parallel import mesh as mesh_lib
+from jaxformer.data import task_batches
 from jaxformer.data import tokenizer as tokenizer_lib
 
 START_STEP, NUM_BATCHES = 30, 3
@@ -35,23 +36,23 @@ def interleaved_devices() -> list:
 
 def main(model_path: str, token_cache: str, out: str, order: str = '') -> None:
   config = config_lib.default_config()
-  parallel.initialize_distributed(config.distributed)
+  cluster.initialize_distributed(config.distributed)
   config.data.builtin.update(num_train=600, num_dev=10, num_test=10)
   config.data.update(batch_size=8, tokens_per_batch=384)
   config.data.tokenizer.vocab_size = 200
   tok = tokenizer_lib.load_tokenizer(model_path)
-  mesh = parallel.make_mesh(
+  mesh = mesh_lib.make_mesh(
       {'data': -1}, interleaved_devices() if order == 'interleaved' else None)
   batches = {}
   for batching in ('pack', 'bucket'):
     config.data.batching = batching
-    stream = data_tasks.train_batches(
+    stream = task_batches.train_batches(
         config, tok, tok, start_step=START_STEP,
-        process_index=jax.process_index(), share=parallel.row_share(mesh),
-        row_multiple=data_tasks.row_multiple(config, parallel.row_shards(mesh)),
+        process_index=jax.process_index(), share=mesh_lib.row_share(mesh),
+        row_multiple=task_batches.row_multiple(config, mesh_lib.row_shards(mesh)),
         token_cache=token_cache)
     for step, local in zip(range(START_STEP, START_STEP + NUM_BATCHES), stream):
-      for key, value in parallel.global_batch(local, mesh).items():
+      for key, value in mesh_lib.global_batch(local, mesh).items():
         batches[f'{batching}/{step}/{key}'] = np.asarray(
             multihost_utils.process_allgather(value, tiled=True))
   if jax.process_index() == 0:

@@ -7,15 +7,18 @@ PACKAGE = pathlib.Path(__file__).resolve().parents[1] / 'jaxformer'
 
 # Module (or package prefix) -> layer, as in ARCHITECTURE.md.
 LAYERS = {
-    'paths': 0, 'parallel': 0, 'config_ranges': 0, 'hlo': 0, 'token_ids': 0,
-    'host_memory': 0, 'row_share': 0, 'compilation_cache': 0,
-    'model': 1, 'data': 1,
-    'train': 2, 'tasks': 2, 'checkpoint': 2, 'exports': 2, 'decode': 2,
-    'hosts': 2,
-    'trained': 3, 'evaluate': 3, 'predict': 3, 'plots': 3, 'host_plan': 3,
-    'train.loop': 4, 'interop': 4,
-    'config': 5, 'aot': 5, 'aot_cache': 5, 'exiting': 5, 'cli': 5,
+    'storage': 0, 'runtime': 0,
+    'parallel': 1,
+    'model': 2, 'data': 2,
+    'train': 3,
+    'checkpoints': 4, 'inference': 4,
+    'config': 5,
+    'run': 6,
+    'aot': 7, 'interop': 7,
+    'cli': 8, '__main__': 8,
 }
+# Folders of one layer that must not import each other.
+APART = [('model', 'data'), ('checkpoints', 'inference'), ('aot', 'interop')]
 
 
 def layer(module: str) -> int:
@@ -34,10 +37,11 @@ def imports(path: pathlib.Path) -> set[str]:
       found |= {a.name for a in node.names if a.name.startswith('jaxformer.')}
     elif isinstance(node, ast.ImportFrom) and node.module and (
         node.module == 'jaxformer' or node.module.startswith('jaxformer.')):
-      if node.module == 'jaxformer':
-        found |= {f'jaxformer.{a.name}' for a in node.names}
-      else:
-        found.add(node.module)
+      for a in node.names:  # `from jaxformer.pkg import module` -> the module
+        dotted = f'{node.module}.{a.name}'
+        is_module = (PACKAGE.parent / (dotted.replace('.', '/') + '.py')
+                     ).exists()
+        found.add(dotted if is_module else node.module)
   return found
 
 
@@ -55,19 +59,48 @@ def test_no_module_imports_a_higher_layer():
   assert not upward, upward
 
 
+def folder(module: str) -> str:
+  return module.removeprefix('jaxformer.').partition('.')[0]
+
+
+def test_folders_of_one_layer_stay_apart():
+  crossing = [f'{name} imports {target}'
+              for name, path in sorted(modules().items())
+              for target in sorted(imports(path))
+              if (folder(name), folder(target)) in APART
+              or (folder(target), folder(name)) in APART]
+  assert not crossing, crossing
+
+
+def test_no_module_sits_at_the_top_but_the_package_face():
+  loose = sorted(p.name for p in PACKAGE.glob('*.py'))
+  assert loose == ['__init__.py', '__main__.py'], loose
+
+
+def test_no_two_modules_share_a_name():
+  names = [p.stem for p in PACKAGE.rglob('*.py') if p.stem != '__init__']
+  assert sorted(set(n for n in names if names.count(n) > 1)) == []
+
+
+def test_no_file_is_over_400_lines():
+  long = {str(p.relative_to(PACKAGE)): n for p in PACKAGE.rglob('*.py')
+          if (n := len(p.read_text().splitlines())) > 400}
+  assert not long, long
+
+
 def test_checkpoint_code_knows_only_orbax_and_paths():
-  assert imports(PACKAGE / 'checkpoint.py') == {'jaxformer.paths'}
-  assert imports(PACKAGE / 'exports.py') == {'jaxformer.paths',
-                                             'jaxformer.checkpoint'}
+  assert imports(PACKAGE / 'checkpoints/manager.py') == {
+      'jaxformer.storage.paths'}
+  assert imports(PACKAGE / 'checkpoints/exports.py') == {
+      'jaxformer.storage.paths', 'jaxformer.checkpoints.manager'}
 
 
 def test_the_data_layer_does_not_import_tasks_or_the_model():
   for name, path in modules().items():
     if name.startswith('jaxformer.data.'):
       assert not {t for t in imports(path)
-                  if not t.startswith(('jaxformer.data', 'jaxformer.paths',
-                                       'jaxformer.token_ids',
-                                       'jaxformer.row_share'))
+                  if not t.startswith(('jaxformer.data', 'jaxformer.storage.paths',
+                                       'jaxformer.parallel.row_share'))
                   }, name
 
 
@@ -79,7 +112,7 @@ def test_only_commands_import_interop():
                  if not name.startswith('jaxformer.interop')
                  and any(t.startswith('jaxformer.interop')
                          for t in imports(path)))
-  assert users == ['jaxformer.cli'], users
+  assert users == ['jaxformer.cli.main'], users
 
 
 def test_foreign_frameworks_are_imported_only_inside_interop_functions():

@@ -7,7 +7,7 @@ import sys
 
 import pytest
 
-from jaxformer import cli
+from jaxformer.cli import main as cli
 from jaxformer.data import builtin
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
@@ -61,7 +61,7 @@ def test_a_missing_tokenizer_model_is_reported_before_training(
 
 def test_a_data_error_is_one_line_without_orbax_noise(tsv_dir, tmp_path):
   """As the process exits, Orbax's clean-up thread used to fail loudly."""
-  command = [sys.executable, '-m', 'jaxformer.cli', 'train', '--config',
+  command = [sys.executable, '-m', 'jaxformer', 'train', '--config',
              'configs/quickstart.py:runlocal', '--workdir', str(tmp_path / 'run')]
   command += tsv_flags(tsv_dir, train=str(tsv_dir / 'no_tab.tsv'))
   result = subprocess.run(command, capture_output=True, text=True, cwd=ROOT,

@@ -5,10 +5,10 @@ import jax
 import numpy as np
 import pytest
 
-from jaxformer import config as config_lib
-from jaxformer import parallel
+from jaxformer.config import settings as config_lib
+from jaxformer.parallel import mesh as mesh_lib
 from jaxformer.data import pipeline
-from jaxformer.data import tasks as data_tasks
+from jaxformer.data import task_batches
 
 WMT = ['configs/wmt14_ende_base.py', 'configs/wmt14_ende_big.py']
 MESHES = [{'data': 8}, {'data': 2, 'fsdp': 4}]
@@ -26,8 +26,8 @@ def test_every_bucket_of_the_wmt_configs_splits_over_8_devices(
     path, mesh_sizes, grad_accum_steps):
   config = config_lib.load_config(
       path, [f'train.grad_accum_steps={grad_accum_steps}'])
-  mesh = parallel.make_mesh(mesh_sizes, jax.devices()[:8])
-  shapes = data_tasks.check_batch_shapes(config, parallel.row_shards(mesh))
+  mesh = mesh_lib.make_mesh(mesh_sizes, jax.devices()[:8])
+  shapes = task_batches.check_batch_shapes(config, mesh_lib.row_shards(mesh))
   widths = pipeline.bucket_lengths(256)
   assert len(shapes) == len(widths)
   budget = config.data.tokens_per_batch
@@ -35,7 +35,7 @@ def test_every_bucket_of_the_wmt_configs_splits_over_8_devices(
     assert rows % (8 * grad_accum_steps) == 0
     assert rows * width <= budget  # 25,000 tokens allow 8 x 2 rows of 256.
     assert rows * width > budget - 8 * grad_accum_steps * width  # Kept.
-    batch = parallel.global_batch(local_batch(rows, source, target), mesh)
+    batch = mesh_lib.global_batch(local_batch(rows, source, target), mesh)
     assert batch['inputs'].shape == (rows, source)
     assert len({s.data.shape for s in batch['inputs'].addressable_shards}) == 1
 
@@ -51,7 +51,7 @@ def test_a_pack_batch_size_that_does_not_split_is_an_error_at_start_up():
   config = config_lib.load_config('configs/quickstart.py',
                                   ['data.batch_size=12'])
   with pytest.raises(ValueError, match='data.batch_size'):
-    data_tasks.check_batch_shapes(config, row_shards=8)
+    task_batches.check_batch_shapes(config, row_shards=8)
 
 
 def test_bucket_batches_hold_no_segment_ids_for_the_model():
@@ -60,7 +60,7 @@ def test_bucket_batches_hold_no_segment_ids_for_the_model():
   batch = {'inputs': np.ones((2, 4), np.int32),
            'inputs_segment_ids': np.ones((2, 4), np.int32),
            'inputs_positions': np.zeros((2, 4), np.int32)}
-  assert set(data_tasks._without_packing(batch)) == {'inputs'}
+  assert set(task_batches._without_packing(batch)) == {'inputs'}
 
 
 def two_hosts(device):
@@ -71,7 +71,7 @@ def two_hosts(device):
 @pytest.mark.parametrize('mesh_sizes', [
     {'data': 8}, {'data': 2, 'fsdp': 4}, {'fsdp': 8}, {'data': 4, 'tensor': 2}])
 def test_layouts_that_split_rows_by_process_are_accepted(mesh_sizes):
-  shares = parallel.row_shares(parallel.make_mesh(mesh_sizes), two_hosts)
+  shares = mesh_lib.row_shares(mesh_lib.make_mesh(mesh_sizes), two_hosts)
   shards = sorted(s for share in shares.values() for s in share.shards)
   assert shards == list(range(shares[0].num_shards))
 
@@ -80,8 +80,8 @@ def test_hosts_that_alternate_feed_the_shards_they_hold():
   """As jax.make_mesh orders a v4-16's chips: hosts alternate along `data`."""
   mesh = jax.sharding.Mesh(
       np.array(jax.devices()).reshape(2, 4).T.reshape(8, 1, 1),
-      parallel.MESH_AXES)
-  shares = parallel.row_shares(mesh, two_hosts)
+      mesh_lib.MESH_AXES)
+  shares = mesh_lib.row_shares(mesh, two_hosts)
   assert shares[0].shards == (0, 2, 4, 6) and shares[1].shards == (1, 3, 5, 7)
   assert shares[1].rows(16).tolist() == [2, 3, 6, 7, 10, 11, 14, 15]
 
@@ -91,19 +91,19 @@ def test_hosts_that_alternate_feed_the_shards_they_hold():
 def test_a_tensor_axis_across_processes_is_rejected(mesh_sizes):
   """A tensor axis spanning both hosts repeats rows on devices of both, but
   each process reads only its own rows."""
-  mesh = parallel.make_mesh(mesh_sizes)
+  mesh = mesh_lib.make_mesh(mesh_sizes)
   mesh = jax.sharding.Mesh(  # Hosts alternate along the tensor axis.
       np.array(jax.devices()).reshape(4, 2).T.reshape(mesh.devices.shape),
       mesh.axis_names)
   with pytest.raises(ValueError, match='mesh.tensor'):
-    parallel.row_shares(mesh, two_hosts)
+    mesh_lib.row_shares(mesh, two_hosts)
 
 
 def test_processes_with_unequal_shares_are_rejected():
   def three_and_five(device):
     return int(device.id >= 3)
   with pytest.raises(ValueError, match='unequal numbers of row shards'):
-    parallel.row_shares(parallel.make_mesh({'data': 8}), three_and_five)
+    mesh_lib.row_shares(mesh_lib.make_mesh({'data': 8}), three_and_five)
 
 
 @pytest.mark.parametrize('key', ['max_source_length', 'max_target_length'])

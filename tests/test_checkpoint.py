@@ -16,19 +16,19 @@ import numpy as np
 import orbax.checkpoint as ocp
 import pytest
 
-from jaxformer import checkpoint as checkpoint_lib
-from jaxformer import cli
-from jaxformer import evaluate
-from jaxformer import parallel
-from jaxformer.config import default_config, load_config
+from jaxformer.checkpoints import manager as checkpoint_lib
+from jaxformer.cli import main as cli
+from jaxformer.inference import evaluate
+from jaxformer.parallel import mesh as mesh_lib
+from jaxformer.config.settings import default_config, load_config
 from jaxformer.data import builtin
-from jaxformer.data import tasks as data_tasks
+from jaxformer.data import task_batches
 from jaxformer.data import tokenizer as tokenizer_lib
 from jaxformer.model import config as model_config_lib
-from jaxformer.tasks import get_task
+from jaxformer.train.tasks import get_task
 from jaxformer.train import schedule as schedules
-from jaxformer import trained
-from jaxformer.train.loop import with_vocabulary
+from jaxformer.checkpoints import trained
+from jaxformer.run.trainer import with_vocabulary
 from jaxformer.train.state import create_train_state, state_shardings
 
 CONFIG = str(pathlib.Path(__file__).resolve().parents[1] / 'configs'
@@ -117,13 +117,13 @@ def assert_trees_equal(a, b):
 
 @pytest.fixture(scope='module')
 def mesh():
-  return parallel.make_mesh({'data': -1})
+  return mesh_lib.make_mesh({'data': -1})
 
 
 @pytest.fixture(scope='module')
 def state(config):
   """A fresh train state, sharded over a data=2 x fsdp=4 mesh."""
-  return new_state(config, parallel.make_mesh({'data': 2, 'fsdp': 4}))
+  return new_state(config, mesh_lib.make_mesh({'data': 2, 'fsdp': 4}))
 
 
 def shifted(state, amount: float):
@@ -146,7 +146,7 @@ def fsdp_checkpoint(tmp_path_factory, config, tokenizer, state):
 def test_state_saved_sharded_restores_into_another_mesh(
     fsdp_checkpoint, config, sizes, num_devices):
   workdir, saved = fsdp_checkpoint
-  mesh = parallel.make_mesh(sizes, jax.devices()[:num_devices])
+  mesh = mesh_lib.make_mesh(sizes, jax.devices()[:num_devices])
   abstract, shardings = layout(config, mesh)
   checkpoints = checkpoint_lib.Checkpointer(str(workdir), options())
   restored = checkpoints.restore_latest(abstract, shardings)
@@ -324,7 +324,7 @@ def save_in_data_order(workdir, config, tokenizer, row_shards: int) -> None:
   `row_shards` row shards."""
   checkpoints = checkpoint_lib.Checkpointer(str(workdir), options())
   checkpoints.set_extra(config, [tokenizer])
-  checkpoints.use_data_order(data_tasks.data_order(config, row_shards), False)
+  checkpoints.use_data_order(task_batches.data_order(config, row_shards), False)
   checkpoints.save(1, {'w': np.zeros(2)}, {'loss': 1.0})
   checkpoints.close()
 
@@ -336,9 +336,9 @@ def test_resuming_bucket_batches_on_another_row_multiple_needs_consent(
   resumed = checkpoint_lib.Checkpointer(str(tmp_path), options())
   # 4 row shards x 2 microbatches: a multiple of 8 rows as before, the
   # same batches.
-  resumed.use_data_order(data_tasks.data_order(batching(config, 'bucket', 2),
+  resumed.use_data_order(task_batches.data_order(batching(config, 'bucket', 2),
                                                4), False)
-  new_order = data_tasks.data_order(batching(config, 'bucket', 2), 8)
+  new_order = task_batches.data_order(batching(config, 'bucket', 2), 8)
   with pytest.raises(checkpoint_lib.CheckpointError) as error:
     resumed.use_data_order(new_order, False)
   message = str(error.value)
@@ -360,7 +360,7 @@ def test_resuming_bucket_batches_on_another_row_multiple_needs_consent(
 def first_batches(config, tokenizer, row_multiple: int):
   """Global batches 5 and 6 of `config` with rows in multiples of
   `row_multiple` (mesh.data x mesh.fsdp x train.grad_accum_steps)."""
-  stream = data_tasks.train_batches(config, tokenizer, tokenizer, start_step=5,
+  stream = task_batches.train_batches(config, tokenizer, tokenizer, start_step=5,
                                     row_multiple=row_multiple)
   return [next(stream) for _ in range(2)]
 
@@ -381,7 +381,7 @@ def test_pack_batches_resume_on_any_layout(tmp_path, config, tokenizer):
 
   save_in_data_order(tmp_path, pack, tokenizer, 8)
   resumed = checkpoint_lib.Checkpointer(str(tmp_path), options())
-  resumed.use_data_order(data_tasks.data_order(batching(config, 'pack', 4), 2),
+  resumed.use_data_order(task_batches.data_order(batching(config, 'pack', 4), 2),
                          False)
   resumed.close()
 

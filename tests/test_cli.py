@@ -7,7 +7,7 @@ import sys
 import pytest
 from PIL import Image
 
-from jaxformer import cli
+from jaxformer.cli import main as cli
 
 
 @pytest.fixture(scope='module')

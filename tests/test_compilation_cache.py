@@ -7,7 +7,7 @@ import sys
 
 import pytest
 
-from jaxformer import compilation_cache
+from jaxformer.runtime import compilation_cache
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -33,7 +33,7 @@ def train(workdir, cache, steps: int) -> str:
   env = dict(os.environ, JAXFORMER_COMPILATION_CACHE=str(cache),
              PYTHONPATH=REPO)
   result = subprocess.run(
-      [sys.executable, '-m', 'jaxformer.cli', 'train', '--config',
+      [sys.executable, '-m', 'jaxformer', 'train', '--config',
        'configs/quickstart.py:runlocal', '--workdir', str(workdir),
        f'--config.train.num_steps={steps}', '--config.checkpoint.every=1',
        '--config.eval.every=0', '--config.eval.num_batches=1',
@@ -72,8 +72,8 @@ def test_a_second_compile_loads_each_report_from_the_cache(tmp_path,
                                                            monkeypatch):
   import jax
   import jax.numpy as jnp
-  from jaxformer import aot
-  from jaxformer import aot_cache
+  from jaxformer.aot import compile_run as aot
+  from jaxformer.aot import report_cache
   monkeypatch.setenv('JAXFORMER_COMPILATION_CACHE', str(tmp_path))
   topo = aot.topology('v5e-8')
   measured = []
@@ -88,13 +88,13 @@ def test_a_second_compile_loads_each_report_from_the_cache(tmp_path,
     return aot.Program('double', 'train',
                        lambda: jax.jit(lambda a: a * scale).lower(x))
 
-  assert aot_cache.report(program(2), topo, 8, measure) == {
+  assert report_cache.report(program(2), topo, 8, measure) == {
       'program': 'double', 'devices': 8}
-  assert aot_cache.report(program(2), topo, 8, measure) == {
+  assert report_cache.report(program(2), topo, 8, measure) == {
       'program': 'double', 'devices': 8, 'from_cache': True}
-  aot_cache.report(program(3), topo, 8, measure)  # Another program.
+  report_cache.report(program(3), topo, 8, measure)  # Another program.
   assert measured == ['double', 'double']
   monkeypatch.setenv('JAXFORMER_COMPILATION_CACHE', 'off')
-  aot_cache.report(program(2), topo, 8, measure)
+  report_cache.report(program(2), topo, 8, measure)
   assert len(measured) == 3
 

@@ -14,10 +14,10 @@ pytest.importorskip(
     'libtpu', reason='libtpu has wheels for Linux x86_64 only; elsewhere '
     'install it as `pip install -e ".[tpu]"` does on Linux x86_64.')
 
-from jaxformer import aot  # noqa: E402
-from jaxformer import cli  # noqa: E402
-from jaxformer import hlo  # noqa: E402
-from jaxformer.config import load_config  # noqa: E402
+from jaxformer.aot import compile_run as aot
+from jaxformer.cli import main as cli
+from jaxformer.aot import hlo
+from jaxformer.config.settings import load_config  # noqa: E402
 
 # A shrunk translator: quickstart's runlocal with 4 heads, so that 4-way
 # tensor parallelism splits them.

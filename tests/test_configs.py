@@ -1,7 +1,7 @@
 """Config files, command-line overrides and their errors."""
 import pytest
 
-from jaxformer import config as config_lib
+from jaxformer.config import settings as config_lib
 
 
 def test_every_config_file_loads_and_validates():
@@ -72,7 +72,7 @@ def numeric_keys(config, prefix=''):
 
 
 def test_every_numeric_key_has_a_range():
-  from jaxformer import config_ranges
+  from jaxformer.config import ranges as config_ranges
   missing = [k for k in numeric_keys(config_lib.default_config())
              if k not in config_ranges.RANGES]
   assert not missing, f'add these keys to config_ranges.RANGES: {missing}'
@@ -119,7 +119,7 @@ def test_a_syntax_error_in_a_config_file_names_the_file_and_line(tmp_path):
 
 def test_an_exception_in_a_config_file_names_the_file_and_line(tmp_path):
   path = tmp_path / 'raises.py'
-  path.write_text('from jaxformer.config import default_config\n\n'
+  path.write_text('from jaxformer.config.settings import default_config\n\n'
                   'def get_config():\n  config = default_config()\n'
                   '  config.train.num_steps = steps\n  return config\n')
   with pytest.raises(config_lib.ConfigError) as error:
@@ -169,7 +169,7 @@ def tfds_splits_as_tsv(config, tmp_path):
     __import__('glob').glob('configs/*.py')))
 @pytest.mark.usefixtures('tfds_scratch_in_tmp_path')
 def test_every_config_trains_one_step_when_shrunk(path, tmp_path):
-  from jaxformer.train.loop import Trainer
+  from jaxformer.run.trainer import Trainer
   config = shrink(config_lib.load_config(path), tmp_path)
   if config.data.source == 'tfds':
     tfds_splits_as_tsv(config, tmp_path)

@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 from flax.core import meta
 
-from jaxformer import decode
+from jaxformer.inference import search
 from jaxformer.model import DecoderLM, EncoderDecoder, ModelConfig, cpu_kernels
 
 TINY = ModelConfig(vocab_size=32, d_model=16, num_heads=2, d_ff=32,
@@ -63,7 +63,7 @@ def translation_model(scan_layers=False, eos_bias=0.0,
   params = random_params(EncoderDecoder(config), dummy, dummy, seed=seed)
   if eos_bias:
     bias = params['decoder']['logits']['bias']
-    params['decoder']['logits']['bias'] = bias.at[decode.EOS_ID].add(eos_bias)
+    params['decoder']['logits']['bias'] = bias.at[search.EOS_ID].add(eos_bias)
   return config, params
 
 
@@ -123,7 +123,7 @@ def test_greedy_equals_uncached_argmax_and_stops_at_eos(scan_layers,
   eos_id = mid_sentence_eos(
       uncached_greedy(config, params, inputs, DECODE_LEN, eos_id=-1))
   expected = uncached_greedy(config, params, inputs, DECODE_LEN, eos_id)
-  tokens = decode.greedy_decode(params, config, inputs,
+  tokens = search.greedy_decode(params, config, inputs,
                                 max_decode_len=DECODE_LEN, eos_id=eos_id)
   np.testing.assert_array_equal(tokens, expected)
   assert np.any(expected[:, -1] == 0)  # A row stopped early,
@@ -132,11 +132,11 @@ def test_greedy_equals_uncached_argmax_and_stops_at_eos(scan_layers,
 
 def test_max_decode_length_counts_longest_real_source():
   inputs = np.array([[5, 6, 7, 0, 0], [5, 0, 0, 0, 0]])
-  assert decode.max_decode_length(inputs) == 53
-  assert decode.max_decode_length(inputs, extra=2) == 5
-  assert decode.max_decode_length(inputs, max_len=20) == 20
+  assert search.max_decode_length(inputs) == 53
+  assert search.max_decode_length(inputs, extra=2) == 5
+  assert search.max_decode_length(inputs, max_len=20) == 20
   with pytest.raises(ValueError):
-    decode.greedy_decode({}, TINY, inputs, max_decode_len=TINY.max_len + 1)
+    search.greedy_decode({}, TINY, inputs, max_decode_len=TINY.max_len + 1)
 
 
 def test_beam_size_one_equals_greedy():
@@ -144,13 +144,13 @@ def test_beam_size_one_equals_greedy():
   # does, and with alpha=0 no longer hypothesis can beat it after that.
   config, params = translation_model(scan_layers=True)
   inputs = random_sources(4, 7, seed=1)
-  search = functools.partial(decode.greedy_decode, params, config, inputs,
+  run_search = functools.partial(search.greedy_decode, params, config, inputs,
                              max_decode_len=DECODE_LEN)
-  eos_id = mid_sentence_eos(search(eos_id=-1))
-  tokens, scores = decode.beam_search(
+  eos_id = mid_sentence_eos(run_search(eos_id=-1))
+  tokens, scores = search.beam_search(
       params, config, inputs, beam_size=1, alpha=0.0,
       max_decode_len=DECODE_LEN, eos_id=eos_id)
-  np.testing.assert_array_equal(tokens[:, 0], search(eos_id=eos_id))
+  np.testing.assert_array_equal(tokens[:, 0], run_search(eos_id=eos_id))
   assert np.all(np.isfinite(scores))
 
 
@@ -199,14 +199,14 @@ def trap_model():
 def test_beam_search_finds_what_greedy_misses():
   config, params = trap_model()
   inputs = np.array([[4, 5, 6]])
-  greedy = decode.greedy_decode(params, config, inputs, max_decode_len=6)
+  greedy = search.greedy_decode(params, config, inputs, max_decode_len=6)
   np.testing.assert_array_equal(greedy, [[A, 1, 0, 0, 0, 0]])
-  tokens, scores = decode.beam_search(params, config, inputs, beam_size=2,
+  tokens, scores = search.beam_search(params, config, inputs, beam_size=2,
                                       alpha=0.6, max_decode_len=6)
   np.testing.assert_array_equal(tokens[0], [[B, 1, 0, 0, 0, 0],
                                             [A, 1, 0, 0, 0, 0]])
   # The scores also check the construction: log p / length_penalty(2).
-  penalty = decode.length_penalty(2, 0.6)
+  penalty = search.length_penalty(2, 0.6)
   np.testing.assert_allclose(
       scores[0], np.log([0.4 * 0.93, 0.5 * 0.3]) / penalty, rtol=1e-4)
 
@@ -234,13 +234,13 @@ def test_beam_scores_are_rescored_log_probabilities(alpha):
   config, params = translation_model(eos_bias=2.0)
   inputs = random_sources(3, 7, seed=4)
   beam = 4
-  tokens, scores = decode.beam_search(params, config, inputs, beam_size=beam,
+  tokens, scores = search.beam_search(params, config, inputs, beam_size=beam,
                                       alpha=alpha, max_decode_len=DECODE_LEN)
   tokens, scores = np.asarray(tokens), np.asarray(scores)
   rows = tokens.reshape(-1, DECODE_LEN)
   logprob, lengths = teacher_forced_logprob(
-      config, params, np.repeat(inputs, beam, axis=0), rows, decode.EOS_ID)
-  rescored = (logprob / decode.length_penalty(lengths, alpha)).reshape(
+      config, params, np.repeat(inputs, beam, axis=0), rows, search.EOS_ID)
+  rescored = (logprob / search.length_penalty(lengths, alpha)).reshape(
       scores.shape)
   np.testing.assert_allclose(scores, rescored, rtol=2e-5, atol=2e-5)
   assert np.all(np.diff(scores, axis=-1) <= 0)
@@ -252,11 +252,11 @@ def test_beam_scores_are_rescored_log_probabilities(alpha):
 def test_early_exit_does_not_change_results():
   config, params = translation_model(scan_layers=True, eos_bias=3.0)
   inputs = random_sources(4, 7, seed=2)
-  search = functools.partial(decode.beam_search, params, config, inputs,
+  run_search = functools.partial(search.beam_search, params, config, inputs,
                              beam_size=3, max_decode_len=DECODE_LEN,
                              return_steps=True)
-  tokens, scores, steps = search(early_exit=True)
-  full_tokens, full_scores, full_steps = search(early_exit=False)
+  tokens, scores, steps = run_search(early_exit=True)
+  full_tokens, full_scores, full_steps = run_search(early_exit=False)
   np.testing.assert_array_equal(tokens, full_tokens)
   np.testing.assert_allclose(scores, full_scores, rtol=1e-6)
   assert np.all(np.diff(scores, axis=-1) <= 0)  # Best first.
@@ -273,9 +273,9 @@ def test_results_do_not_depend_on_the_rest_of_the_batch():
   batch[1] = 0
   batch[2] = 0
   batch[2, :5] = sentence[0]
-  greedy = functools.partial(decode.greedy_decode, params, config,
+  greedy = functools.partial(search.greedy_decode, params, config,
                              max_decode_len=DECODE_LEN)
-  beam = functools.partial(decode.beam_search, params, config, beam_size=3,
+  beam = functools.partial(search.beam_search, params, config, beam_size=3,
                            max_decode_len=DECODE_LEN)
   # The sentence ends mid-way, so it is done while its neighbours go on.
   eos_id = mid_sentence_eos(greedy(sentence, eos_id=-1))
@@ -299,14 +299,14 @@ def test_searching_in_parts_changes_no_result(parts):
   config, params = translation_model(scan_layers=True, eos_bias=3.0)
   inputs = random_sources(5, 7, seed=2)
   inputs[3] = 0
-  greedy = functools.partial(decode.greedy_decode, params, config, inputs,
+  greedy = functools.partial(search.greedy_decode, params, config, inputs,
                              max_decode_len=DECODE_LEN, return_attention=True)
   tokens, weights = greedy(batch_parts=1)
   parts_tokens, parts_weights = greedy(batch_parts=parts)
   np.testing.assert_array_equal(parts_tokens, tokens)
   np.testing.assert_allclose(parts_weights, weights, atol=1e-6)
 
-  beam = functools.partial(decode.beam_search, params, config, inputs,
+  beam = functools.partial(search.beam_search, params, config, inputs,
                            beam_size=3, max_decode_len=DECODE_LEN,
                            return_steps=True)
   tokens, scores, steps = beam(batch_parts=1)
@@ -322,7 +322,7 @@ def test_default_batch_parts_is_one_with_several_devices_or_under_jit():
   if jax.device_count() > 1:  # As the suite runs: 8 CPU devices.
     assert cpu_kernels.default_batch_parts(inputs) == 1
 
-  greedy = functools.partial(decode.greedy_decode, params, config,
+  greedy = functools.partial(search.greedy_decode, params, config,
                              max_decode_len=DECODE_LEN)
   parts_under_jit = []
 
@@ -336,10 +336,10 @@ def test_default_batch_parts_is_one_with_several_devices_or_under_jit():
 def test_greedy_returns_cross_attention_weights():
   config, params = translation_model()
   inputs = random_sources(4, 7)
-  search = functools.partial(decode.greedy_decode, params, config, inputs,
+  run_search = functools.partial(search.greedy_decode, params, config, inputs,
                              max_decode_len=DECODE_LEN, return_attention=True)
-  eos_id = mid_sentence_eos(search(eos_id=-1)[0])
-  tokens, weights = search(eos_id=eos_id)
+  eos_id = mid_sentence_eos(run_search(eos_id=-1)[0])
+  tokens, weights = run_search(eos_id=eos_id)
   assert weights.shape == (4, config.num_decoder_layers, config.num_heads,
                            DECODE_LEN, 7)
   ends = np.asarray(tokens) == eos_id
@@ -359,9 +359,9 @@ def test_greedy_returns_cross_attention_weights():
 
 def test_top_k_filter_keeps_the_k_largest():
   logits = jnp.array([[1.0, 3.0, 2.0, 0.0]])
-  np.testing.assert_array_equal(decode.top_k_filter(logits, 2),
+  np.testing.assert_array_equal(search.top_k_filter(logits, 2),
                                 [[-np.inf, 3.0, 2.0, -np.inf]])
-  np.testing.assert_array_equal(decode.top_k_filter(logits, 0), logits)
+  np.testing.assert_array_equal(search.top_k_filter(logits, 0), logits)
 
 
 @pytest.mark.parametrize('p, kept', [
@@ -369,13 +369,13 @@ def test_top_k_filter_keeps_the_k_largest():
     (1.0, {0, 1, 2, 3})])
 def test_top_p_filter_keeps_smallest_set_reaching_p(p, kept):
   probs = np.array([0.5, 0.15, 0.3, 0.05])
-  filtered = decode.top_p_filter(jnp.log(jnp.array([probs])), p)
+  filtered = search.top_p_filter(jnp.log(jnp.array([probs])), p)
   assert set(np.flatnonzero(np.isfinite(filtered[0]))) == kept
 
 
 def test_sample_choice_draws_only_allowed_tokens():
   logits = jnp.log(jnp.array([[0.5, 0.15, 0.3, 0.05]] * 2000))
-  choose = functools.partial(jax.jit(decode.sample_choice), logits,
+  choose = functools.partial(jax.jit(search.sample_choice), logits,
                              jax.random.PRNGKey(0))
   assert set(np.unique(choose(1.0, 0, 0.75))) == {0, 2}  # Nucleus.
   assert set(np.unique(choose(5.0, 1, 1.0))) == {0}  # Top one.
@@ -411,9 +411,9 @@ def test_sampling_at_temperature_zero_or_top_one_is_greedy():
   config, params = language_model()
   rng = jax.random.PRNGKey(1)
   expected = uncached_lm_greedy(config, params, PROMPTS, DECODE_LEN, eos_id=-1)
-  cold = decode.sample(params, config, PROMPTS, rng, max_decode_len=DECODE_LEN,
+  cold = search.sample(params, config, PROMPTS, rng, max_decode_len=DECODE_LEN,
                        temperature=0.0, eos_id=-1)
-  top_one = decode.sample(params, config, PROMPTS, rng,
+  top_one = search.sample(params, config, PROMPTS, rng,
                           max_decode_len=DECODE_LEN, top_k=1, eos_id=-1)
   np.testing.assert_array_equal(cold, expected)
   np.testing.assert_array_equal(top_one, expected)
@@ -421,7 +421,7 @@ def test_sampling_at_temperature_zero_or_top_one_is_greedy():
 
 def test_sampling_is_reproducible_and_respects_top_k():
   config, params = language_model()
-  sample = functools.partial(decode.sample, params, config, PROMPTS,
+  sample = functools.partial(search.sample, params, config, PROMPTS,
                              max_decode_len=DECODE_LEN, top_k=3, eos_id=-1)
   tokens = np.asarray(sample(jax.random.PRNGKey(0)))
   np.testing.assert_array_equal(sample(jax.random.PRNGKey(0)), tokens)
@@ -449,7 +449,7 @@ def test_sampling_stops_at_eos():
   no_eos = uncached_lm_greedy(config, params, PROMPTS, DECODE_LEN, eos_id=-1)
   eos_id = first_new_token(no_eos[0], start=3)
   expected = uncached_lm_greedy(config, params, PROMPTS, DECODE_LEN, eos_id)
-  tokens = decode.sample(params, config, PROMPTS, jax.random.PRNGKey(0),
+  tokens = search.sample(params, config, PROMPTS, jax.random.PRNGKey(0),
                          max_decode_len=DECODE_LEN, temperature=0.0,
                          eos_id=eos_id)
   np.testing.assert_array_equal(tokens, expected)
@@ -459,38 +459,38 @@ def test_sampling_stops_at_eos():
 
 def test_fsdp_parameters_are_gathered_once_not_at_every_token():
   """Decoding with FSDP-sharded parameters communicates inside the token
-  loop; `parallel.gathered` (what `evaluate.decode_split` does first)
+  loop; `mesh_lib.gathered` (what `evaluate.decode_split` does first)
   leaves the compiled search without any collective."""
   from flax import linen as nn
-  from jaxformer import parallel
+  from jaxformer.parallel import mesh as mesh_lib
   config, params = translation_model()
   dummy = jnp.ones((1, 4), jnp.int32)
   logical = nn.get_partition_spec(jax.eval_shape(
       EncoderDecoder(config).init, jax.random.PRNGKey(0), dummy, dummy)
                                   )['params']
-  mesh = parallel.make_mesh({'fsdp': 4}, jax.devices()[:4])
-  sharded = jax.device_put(params, parallel.logical_shardings(
-      logical, mesh, parallel.DEFAULT_AXIS_RULES))
+  mesh = mesh_lib.make_mesh({'fsdp': 4}, jax.devices()[:4])
+  sharded = jax.device_put(params, mesh_lib.logical_shardings(
+      logical, mesh, mesh_lib.DEFAULT_AXIS_RULES))
   inputs = random_sources(4, 6)
 
   def loop_gathers(params):
     """Collectives in the compiled search (XLA's CPU partitioner computes
     on the parameter shards and all-reduces the products, token by token)."""
-    hlo = decode._greedy_decode.lower(
-        params, inputs, config, DECODE_LEN, decode.EOS_ID, False
+    hlo = search._greedy_decode.lower(
+        params, inputs, config, DECODE_LEN, search.EOS_ID, False
         ).compile().as_text()
     return sum(hlo.count(f' {op}(') + hlo.count(f' {op}-start(') for op in (
         'all-gather', 'all-reduce', 'reduce-scatter', 'collective-permute',
         'all-to-all'))
 
   assert any('fsdp' in str(x.sharding.spec) for x in jax.tree.leaves(sharded))
-  gathered = parallel.gathered(sharded)
+  gathered = mesh_lib.gathered(sharded)
   assert not any('fsdp' in str(x.sharding.spec)
                  for x in jax.tree.leaves(gathered))
   assert loop_gathers(sharded) > 0
   assert loop_gathers(gathered) == 0
   np.testing.assert_array_equal(
-      decode.greedy_decode(gathered, config, inputs,
+      search.greedy_decode(gathered, config, inputs,
                            max_decode_len=DECODE_LEN, batch_parts=1),
-      decode.greedy_decode(params, config, inputs,
+      search.greedy_decode(params, config, inputs,
                            max_decode_len=DECODE_LEN, batch_parts=1))

@@ -17,10 +17,10 @@ import jax
 import numpy as np
 import pytest
 
-from jaxformer import checkpoint as checkpoint_lib
-from jaxformer.config import load_config
-from jaxformer.train.loop import NonFiniteLossError, Trainer
-from jaxformer.train.metrics import read_metrics
+from jaxformer.checkpoints import manager as checkpoint_lib
+from jaxformer.config.settings import load_config
+from jaxformer.run.trainer import NonFiniteLossError, Trainer
+from jaxformer.run.metrics import read_metrics
 
 CONFIG = str(pathlib.Path(__file__).resolve().parents[1] / 'configs'
              / 'quickstart.py') + ':runlocal'
@@ -79,7 +79,7 @@ class Training:
     self.first_record = len(logged_steps(workdir))
     workdir.mkdir(exist_ok=True)
     self.log_path = workdir / f'log_{self.first_record}_{time.time_ns()}.txt'
-    command = [sys.executable, '-m', 'jaxformer.cli', 'train', '--config',
+    command = [sys.executable, '-m', 'jaxformer', 'train', '--config',
                config, '--workdir', str(workdir)]
     command += [f'--config.{o}' for o in overrides]
     with open(self.log_path, 'w') as log:

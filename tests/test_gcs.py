@@ -19,9 +19,9 @@ import numpy as np
 import plain_install
 import pytest
 
-from jaxformer import cli
-from jaxformer import paths
-from jaxformer.train.metrics import EventFile, MetricsWriter, read_metrics
+from jaxformer.cli import main as cli
+from jaxformer.storage import paths
+from jaxformer.run.metrics import EventFile, MetricsWriter, read_metrics
 
 REPO = pathlib.Path(__file__).resolve().parents[1]
 CONFIG = f'{REPO}/configs/quickstart.py:runlocal'
@@ -57,7 +57,7 @@ class Training:
     self.workdir = workdir
     self.first_record = len(self.logged())
     self.log_path = home / f'log_{time.time_ns()}.txt'
-    command = [sys.executable, '-m', 'jaxformer.cli', 'train', '--config',
+    command = [sys.executable, '-m', 'jaxformer', 'train', '--config',
                CONFIG, '--workdir', workdir]
     command += [f'--config.{o}' for o in OVERRIDES + overrides]
     env = dict(environment, HOME=str(home), **(process_env or {}))
@@ -150,7 +150,7 @@ def test_a_token_cache_on_gs_is_written_once_and_read_from_a_local_copy(
     tmp_path, gcs_emulator, monkeypatch):
   from jaxformer.data import builtin, pipeline, sources, token_cache
   from jaxformer.data import tokenizer as tokenizer_lib
-  from jaxformer.data.config import default_data_config
+  from jaxformer.data.defaults import default_data_config
   pairs = builtin.generate(60, 2, 'train')
   config = default_data_config()
   config.source = 'tsv'
@@ -257,7 +257,7 @@ def test_remote_metrics_write_bytes_linear_in_the_records(gcs_emulator,
 
 def test_a_missing_bucket_fails_before_training_naming_it(tmp_path,
                                                           gcs_emulator):
-  command = [sys.executable, '-m', 'jaxformer.cli', 'train', '--config',
+  command = [sys.executable, '-m', 'jaxformer', 'train', '--config',
              CONFIG, '--workdir', 'gs://no-such-bucket/run']
   result = subprocess.run(command, capture_output=True, text=True, cwd=tmp_path,
                           env=dict(os.environ, PYTHONPATH=str(REPO)),
@@ -278,7 +278,7 @@ for name in ('pytest', 'gcp_storage_emulator'):
     sys.exit(f'{name} is importable: the test extra is not hidden')
   except ModuleNotFoundError:
     pass
-from jaxformer import paths
+from jaxformer.storage import paths
 from jaxformer.data import token_cache
 root = 'gs://test-bucket/plain-install'
 paths.write_text(paths.join(root, 'a.txt'), 'written')

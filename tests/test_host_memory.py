@@ -5,7 +5,7 @@ import sys
 
 import pytest
 
-from jaxformer import host_memory
+from jaxformer.runtime import host_memory
 
 # Page faults per call of a program with ~100 MB of temporaries, measured
 # after its first calls, in a fresh process that imports jaxformer first.

@@ -15,8 +15,9 @@ import textwrap
 import pytest
 import yaml
 
-from jaxformer import config as config_lib
-from jaxformer import parallel
+from jaxformer.config import settings as config_lib
+from jaxformer.parallel import cluster
+from jaxformer.parallel import mesh as mesh_lib
 
 REPO = pathlib.Path(__file__).resolve().parents[1]
 LAUNCH = REPO / 'launch'
@@ -211,7 +212,7 @@ def test_tpu_vm_creates_installs_starts_detached_follows_and_deletes(fakes):
                     '--zone=us-central2-b']
   assert scp[4] == 'scp' and scp[6] == 'tpu1:jaxformer.tar.gz'
   with tarfile.open(scp[5]) as tar:
-    assert {'pyproject.toml', 'jaxformer/parallel.py',
+    assert {'pyproject.toml', 'jaxformer/parallel/mesh.py',
             'configs/quickstart.py'} <= set(tar.getnames())
   assert '--worker=all' in scp and '--worker=all' in install
   # The workers get the jax (and through jax[tpu], the libtpu) tested here.
@@ -361,7 +362,7 @@ def jobset(text):
 def test_gke_tpu_jobset_has_one_pod_per_host_of_the_slice(
     fakes, accelerator_type, topology_name):
   pytest.importorskip('libtpu')
-  from jaxformer import aot
+  from jaxformer.aot import compile_run as aot
   env, calls, _ = fakes
   result = run([*GKE, '--accelerator-type', accelerator_type, '--spot',
                 '--dry-run', '--', *TRAIN], env)
@@ -399,7 +400,7 @@ def test_gke_gpu_pods_find_their_coordinator_and_ids(fakes):
   # Pod 1 as Kubernetes starts it: the manifest's variables and its index.
   pod_env = {e['name']: e['value'] for e in container['env']}
   pod_env.update(KUBERNETES_SERVICE_HOST='10.0.0.1', JOB_COMPLETION_INDEX='1')
-  arguments = parallel.distributed_arguments(
+  arguments = cluster.distributed_arguments(
       config_lib.default_config().distributed, pod_env)
   assert (arguments['coordinator_address'], arguments['num_processes'],
           arguments['process_id']) == ('run-workers-0-0.run:1234', 2, 1)

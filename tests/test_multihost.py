@@ -18,14 +18,14 @@ import jax
 import numpy as np
 import pytest
 
-from jaxformer import config as config_lib
-from jaxformer import hosts
-from jaxformer import parallel
-from jaxformer.train.metrics import read_metrics
+from jaxformer.config import settings as config_lib
+from jaxformer.parallel import peers
+from jaxformer.parallel import cluster
+from jaxformer.run.metrics import read_metrics
 
 REPO = pathlib.Path(__file__).resolve().parents[1]
 LOCAL_SH = REPO / 'launch' / 'local.sh'
-TRAIN = [sys.executable, '-m', 'jaxformer.cli', 'train',
+TRAIN = [sys.executable, '-m', 'jaxformer', 'train',
          '--config', f'{REPO}/configs/quickstart.py:runlocal']
 # Every step logged; no BLEU, test-split decoding or FLOP/s measurement.
 QUICK = ['--config.train.log_every=1', '--config.eval.every=0',
@@ -44,13 +44,13 @@ def distributed_settings(**values):
 
 
 def test_a_lone_process_starts_no_runtime():
-  assert parallel.distributed_arguments(distributed_settings(), {}) is None
+  assert cluster.distributed_arguments(distributed_settings(), {}) is None
 
 
 def test_the_environment_names_coordinator_count_and_id():
   environ = {'JAX_COORDINATOR_ADDRESS': '10.0.0.1:1234',
              'JAX_NUM_PROCESSES': '4', 'JAX_PROCESS_ID': '3'}
-  arguments = parallel.distributed_arguments(
+  arguments = cluster.distributed_arguments(
       distributed_settings(heartbeat_timeout=15, shutdown_timeout=20), environ)
   assert arguments == dict(
       coordinator_address='10.0.0.1:1234', num_processes=4, process_id=3,
@@ -61,7 +61,7 @@ def test_the_environment_names_coordinator_count_and_id():
 def test_config_values_take_precedence_over_the_environment():
   environ = {'JAX_COORDINATOR_ADDRESS': '10.0.0.1:1234',
              'JAX_NUM_PROCESSES': '4', 'JAX_PROCESS_ID': '3'}
-  arguments = parallel.distributed_arguments(
+  arguments = cluster.distributed_arguments(
       distributed_settings(coordinator_address='host0:99', num_processes=2,
                            process_id=0), environ)
   assert (arguments['coordinator_address'], arguments['num_processes'],
@@ -70,7 +70,7 @@ def test_config_values_take_precedence_over_the_environment():
 
 def test_one_process_means_no_runtime_even_in_a_cluster():
   slurm_step = {'SLURM_STEP_NODELIST': 'node[1-2]', 'SLURM_STEP_NUM_TASKS': '2'}
-  assert parallel.distributed_arguments(
+  assert cluster.distributed_arguments(
       distributed_settings(num_processes=1), slurm_step,
       on_cloud_tpu=True) is None
 
@@ -79,7 +79,7 @@ def test_one_process_with_a_coordinator_starts_a_runtime_of_one():
   """As on a single-host TPU VM, and as `launch/local.sh --processes 1`."""
   environ = {'JAX_COORDINATOR_ADDRESS': '127.0.0.1:1234',
              'JAX_NUM_PROCESSES': '1', 'JAX_PROCESS_ID': '0'}
-  arguments = parallel.distributed_arguments(distributed_settings(), environ)
+  arguments = cluster.distributed_arguments(distributed_settings(), environ)
   assert (arguments['coordinator_address'], arguments['num_processes'],
           arguments['process_id']) == ('127.0.0.1:1234', 1, 0)
 
@@ -89,7 +89,7 @@ def test_slurm_steps_and_tpu_vms_leave_the_values_to_jax_detection():
                 'SLURM_STEP_NODELIST': 'node[1-2]', 'SLURM_STEP_NUM_TASKS': '8',
                 'SLURM_PROCID': '5', 'SLURM_LOCALID': '1'}
   for environ, on_cloud_tpu in ((slurm_step, False), ({}, True)):
-    arguments = parallel.distributed_arguments(
+    arguments = cluster.distributed_arguments(
         distributed_settings(), environ, on_cloud_tpu=on_cloud_tpu)
     assert arguments['coordinator_address'] is None
     assert arguments['num_processes'] is None
@@ -99,7 +99,7 @@ def test_slurm_steps_and_tpu_vms_leave_the_values_to_jax_detection():
 
 def test_a_slurm_batch_script_outside_srun_is_one_process():
   batch_script = {'SLURM_JOB_ID': '7', 'SLURM_NTASKS': '8', 'SLURM_PROCID': '0'}
-  assert parallel.distributed_arguments(distributed_settings(),
+  assert cluster.distributed_arguments(distributed_settings(),
                                         batch_script) is None
 
 
@@ -107,12 +107,12 @@ def test_an_incomplete_explicit_setup_names_what_is_missing():
   environ = {'JAX_COORDINATOR_ADDRESS': '10.0.0.1:1234',
              'JAX_NUM_PROCESSES': '2'}
   with pytest.raises(ValueError, match='missing: process_id .*JAX_PROCESS_ID'):
-    parallel.distributed_arguments(distributed_settings(), environ)
+    cluster.distributed_arguments(distributed_settings(), environ)
 
 
 def test_a_process_id_outside_the_count_is_an_error():
   with pytest.raises(ValueError, match=r'process_id=2 is not in \[0, 2\)'):
-    parallel.distributed_arguments(distributed_settings(
+    cluster.distributed_arguments(distributed_settings(
         coordinator_address='127.0.0.1:1', num_processes=2, process_id=2), {})
 
 
@@ -137,7 +137,7 @@ def jax_detection(monkeypatch, environ):
 
 
 def test_mpirun_ranks_join_one_runtime_found_by_jax(monkeypatch):
-  arguments = parallel.distributed_arguments(distributed_settings(), MPIRUN)
+  arguments = cluster.distributed_arguments(distributed_settings(), MPIRUN)
   assert (arguments['coordinator_address'], arguments['num_processes'],
           arguments['process_id']) == (None, None, None)
   # JAX fills them in from the same variables: rank 2 of 4.
@@ -151,8 +151,8 @@ def test_open_mpi_5_ranks_take_count_and_rank_and_need_the_coordinator(
   assert jax_detection(monkeypatch, ranks)[:3] == (None, None, None)
   with pytest.raises(ValueError, match='missing: coordinator_address .*rank 2 '
                      'of an Open MPI job.*mpirun -x JAX_COORDINATOR_ADDRESS'):
-    parallel.distributed_arguments(distributed_settings(), ranks)
-  arguments = parallel.distributed_arguments(
+    cluster.distributed_arguments(distributed_settings(), ranks)
+  arguments = cluster.distributed_arguments(
       distributed_settings(), dict(ranks, JAX_COORDINATOR_ADDRESS='n1:1234'))
   assert (arguments['coordinator_address'], arguments['num_processes'],
           arguments['process_id']) == ('n1:1234', 4, 2)
@@ -160,35 +160,35 @@ def test_open_mpi_5_ranks_take_count_and_rank_and_need_the_coordinator(
 
 def test_mpirun_of_one_rank_is_one_process():
   one = dict(MPIRUN, OMPI_COMM_WORLD_SIZE='1', OMPI_COMM_WORLD_RANK='0')
-  assert parallel.distributed_arguments(distributed_settings(), one) is None
+  assert cluster.distributed_arguments(distributed_settings(), one) is None
 
 
 def test_kubernetes_indexed_job_pods_join_one_runtime():
   pod = {'KUBERNETES_SERVICE_HOST': '10.0.0.1', 'JOB_COMPLETION_INDEX': '3'}
   # With the kubernetes client JAX reads the Job (count, coordinator) itself.
-  arguments = parallel.distributed_arguments(distributed_settings(), pod,
+  arguments = cluster.distributed_arguments(distributed_settings(), pod,
                                              k8s_client=True)
   assert (arguments['coordinator_address'], arguments['num_processes'],
           arguments['process_id']) == (None, None, None)
   # Without it, the index is the process id; the spec gives the rest.
   spec = dict(pod, JAX_NUM_PROCESSES='4',
               JAX_COORDINATOR_ADDRESS='run-workers-0-0.run:1234')
-  arguments = parallel.distributed_arguments(distributed_settings(), spec)
+  arguments = cluster.distributed_arguments(distributed_settings(), spec)
   assert (arguments['coordinator_address'], arguments['num_processes'],
           arguments['process_id']) == ('run-workers-0-0.run:1234', 4, 3)
   # An Indexed Job pod that says nothing more is not a run of its own.
   with pytest.raises(ValueError, match='pod 3 of a Kubernetes Indexed Job.*'
                      'JAX_NUM_PROCESSES.*num_processes=1'):
-    parallel.distributed_arguments(distributed_settings(), pod)
+    cluster.distributed_arguments(distributed_settings(), pod)
 
 
 def test_gke_tpu_pods_are_left_to_jax_on_a_tpu_and_built_elsewhere():
   pod = {'TPU_WORKER_ID': '1',
          'TPU_WORKER_HOSTNAMES': 'h-0.s,h-1.s,h-2.s,h-3.s'}
-  on_tpu = parallel.distributed_arguments(distributed_settings(), pod,
+  on_tpu = cluster.distributed_arguments(distributed_settings(), pod,
                                           on_cloud_tpu=True)
   assert on_tpu['num_processes'] is None and on_tpu['process_id'] is None
-  arguments = parallel.distributed_arguments(distributed_settings(), pod)
+  arguments = cluster.distributed_arguments(distributed_settings(), pod)
   assert (arguments['coordinator_address'], arguments['num_processes'],
           arguments['process_id']) == ('h-0.s:8482', 4, 1)
 
@@ -326,7 +326,7 @@ def test_two_interleaved_processes_train_exactly_like_one(one_process,
   """As on a TPU pod, the mesh takes the processes' devices in turn, so
   each process feeds row shards that are not neighbours: the same losses
   and parameters as one process with the same global batch."""
-  from jaxformer import trained
+  from jaxformer.checkpoints import trained
   workdir = tmp_path / 'interleaved'
   output = train(workdir, 2, 2, 10, *shared_tokenizer(one_process),
                  program=[sys.executable, str(REPO / 'tests' /
@@ -465,7 +465,7 @@ def test_killing_one_process_ends_the_other_within_the_heartbeat_timeout(
   resumed, uninterrupted = train_losses(workdir), train_losses(two_processes)
   for s in range(saved + 1, 11):
     assert resumed[s] == uninterrupted[s], s
-  from jaxformer import trained as trained_lib
+  from jaxformer.checkpoints import trained as trained_lib
   for a, b in zip(
       jax.tree.leaves(trained_lib.load(str(workdir), 10).params),
       jax.tree.leaves(trained_lib.load(str(two_processes), 10).params)):
@@ -526,7 +526,7 @@ def test_hosts_restore_the_newest_step_that_every_host_can_read(
   process 0 alone moves step 10 aside, after both agreed."""
   shared = shutil.copytree(two_processes, tmp_path / 'shared')
   view = tmp_path / 'view_of_process_1'
-  (shared / hosts.PROBE).write_text('')  # Process 0 rewrites it.
+  (shared / peers.PROBE).write_text('')  # Process 0 rewrites it.
   link_view(shared, view)
   (view / 'checkpoints').unlink()
   link_view(shared / 'checkpoints', view / 'checkpoints')

@@ -13,10 +13,10 @@ pytest.importorskip(
     'libtpu', reason='libtpu has wheels for Linux x86_64 only; elsewhere '
     'install it as `pip install -e ".[tpu]"` does on Linux x86_64.')
 
-from jaxformer import aot  # noqa: E402
-from jaxformer import host_plan  # noqa: E402
-from jaxformer import parallel  # noqa: E402
-from jaxformer.config import load_config  # noqa: E402
+from jaxformer.aot import compile_run as aot
+from jaxformer.run import host_plan
+from jaxformer.parallel import mesh as mesh_lib
+from jaxformer.config.settings import load_config  # noqa: E402
 
 # (topology, mesh, rows per process, rows per device) with batch_size=512,
 # as launch/README.md's table says.
@@ -54,7 +54,7 @@ def test_every_host_of_the_pod_layouts_starts(topology, mesh_sizes,
   assert [plan.process_index for plan in plans] == sorted(
       {d.process_index for d in mesh.devices.flat})
   assert len(plans) > 1
-  placed = parallel.batch_sharding(mesh).devices_indices_map((512,))
+  placed = mesh_lib.batch_sharding(mesh).devices_indices_map((512,))
   for plan in plans:
     assert plan.local_train_shapes == ((per_process, 40, 40),)
     # The rows a host reads are exactly those its devices hold.

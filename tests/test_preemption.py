@@ -15,8 +15,8 @@ import time
 
 import pytest
 
-from jaxformer import trained
-from jaxformer.train.metrics import read_metrics
+from jaxformer.checkpoints import trained
+from jaxformer.run.metrics import read_metrics
 from test_fault_tolerance import (  # noqa: F401 (environment: a fixture)
     Training, checkpoint_steps, environment, logged_steps, numbers)
 

@@ -6,13 +6,13 @@ import os
 import numpy as np
 import pytest
 
-from jaxformer import cli
-from jaxformer.config import load_config
+from jaxformer.cli import main as cli
+from jaxformer.config.settings import load_config
 from jaxformer.data import builtin
 from jaxformer.data import sources
-from jaxformer.data import tasks as data_tasks
-from jaxformer.train.loop import train
-from jaxformer.row_share import RowShare
+from jaxformer.data import task_batches
+from jaxformer.run.trainer import train
+from jaxformer.parallel.row_share import RowShare
 
 
 # ------------------------------------------------------------------- data
@@ -32,24 +32,24 @@ def test_builtin_task_examples_label_the_written_number():
 
 
 def test_label_vocabulary_sorts_names_and_numbers():
-  assert data_tasks.label_vocabulary(['pos', 'neg', 'pos']) == ['neg', 'pos']
-  assert data_tasks.label_vocabulary(['10', '2', '-1']) == ['-1', '2', '10']
+  assert task_batches.label_vocabulary(['pos', 'neg', 'pos']) == ['neg', 'pos']
+  assert task_batches.label_vocabulary(['10', '2', '-1']) == ['-1', '2', '10']
 
 
 def test_unknown_label_names_the_fix():
   with pytest.raises(sources.DataError, match=r"\['maybe'\].*data.labels"):
-    data_tasks.label_ids(['yes', 'maybe'], ['no', 'yes'], 'dev')
+    task_batches.label_ids(['yes', 'maybe'], ['no', 'yes'], 'dev')
 
 
 def test_bad_regression_value_names_the_line():
-  assert data_tasks.parse_values(['0.5 1', '2 -3'], 2, 'train').tolist() == [
+  assert task_batches.parse_values(['0.5 1', '2 -3'], 2, 'train').tolist() == [
       [0.5, 1.0], [2.0, -3.0]]
   with pytest.raises(sources.DataError, match='train example 2.*regression_dim'):
-    data_tasks.parse_values(['0.5', 'high'], 1, 'train')
+    task_batches.parse_values(['0.5', 'high'], 1, 'train')
 
 
 def test_pad_token_rows_cuts_long_texts_to_eos():
-  rows = data_tasks.pad_token_rows([[5, 6, 1], [7, 8, 9, 10, 1]], 4)
+  rows = task_batches.pad_token_rows([[5, 6, 1], [7, 8, 9, 10, 1]], 4)
   np.testing.assert_array_equal(rows['inputs'], [[5, 6, 1, 0], [7, 8, 9, 1]])
   np.testing.assert_array_equal(rows['inputs_segment_ids'],
                                 [[1, 1, 1, 0], [1, 1, 1, 1]])
@@ -58,7 +58,7 @@ def test_pad_token_rows_cuts_long_texts_to_eos():
 
 
 def test_pack_documents_restarts_segments_and_positions():
-  rows = data_tasks.pack_documents([[5, 6, 1], [7, 1], [8, 9, 3, 4, 1]], 4)
+  rows = task_batches.pack_documents([[5, 6, 1], [7, 1], [8, 9, 3, 4, 1]], 4)
   np.testing.assert_array_equal(rows['targets'],
                                 [[5, 6, 1, 7], [1, 8, 9, 3], [4, 1, 0, 0]])
   np.testing.assert_array_equal(rows['targets_segment_ids'],
@@ -73,15 +73,15 @@ def _numbered_rows(n):
 
 def test_train_batches_resume_and_shard_by_process():
   rows = _numbered_rows(10)
-  full = data_tasks.row_train_batches(rows, 4, seed=3)
+  full = task_batches.row_train_batches(rows, 4, seed=3)
   first_seven = [next(full)['labels'] for _ in range(7)]
-  resumed = data_tasks.row_train_batches(rows, 4, seed=3, start_step=5)
+  resumed = task_batches.row_train_batches(rows, 4, seed=3, start_step=5)
   np.testing.assert_array_equal(next(resumed)['labels'], first_seven[5])
   # An epoch is 3 batches (the last completed with empty rows, label 0).
   epoch = np.concatenate(first_seven[:3])
   assert sorted(epoch[epoch > 0]) == list(range(1, 11))
   assert (epoch == 0).sum() == 2
-  halves = [next(data_tasks.row_train_batches(rows, 4, seed=3, start_step=1,
+  halves = [next(task_batches.row_train_batches(rows, 4, seed=3, start_step=1,
                                               share=RowShare.of_process(p, 2)))
             for p in range(2)]
   np.testing.assert_array_equal(
@@ -92,7 +92,7 @@ def test_eval_batches_visit_every_example_once():
   rows = _numbered_rows(7)
   seen = []
   for process in range(2):
-    for batch in data_tasks.row_eval_batches(
+    for batch in task_batches.row_eval_batches(
         rows, 4, share=RowShare.of_process(process, 2)):
       real = batch['example_index'] >= 0
       np.testing.assert_array_equal(batch['labels'][real],
@@ -165,8 +165,8 @@ def test_language_model_trains_and_generates(tmp_path, capfd):
 
 def test_predict_on_a_language_model_names_the_right_command():
   with pytest.raises(ValueError, match='generate'):
-    from jaxformer import predict
-    from jaxformer.config import default_config
+    from jaxformer.inference import predict
+    from jaxformer.config.settings import default_config
     config = default_config()
     config.task = 'language_model'
     predict.predict(None, None, config, None, ['text'])

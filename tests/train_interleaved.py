@@ -12,10 +12,10 @@ second, ... as `tests/global_batches.py interleaved` does.
 import functools
 import sys
 
-from jaxformer import cli
-from jaxformer import config as config_lib
-from jaxformer import parallel
-from jaxformer.train import loop
+from jaxformer.cli import main as cli
+from jaxformer.config import settings as config_lib
+from jaxformer.parallel import cluster
+from jaxformer.run import trainer as trainer_lib
 
 from global_batches import interleaved_devices  # This script's folder.
 
@@ -23,9 +23,9 @@ from global_batches import interleaved_devices  # This script's folder.
 def main() -> int:
   # The runtime first (from JAX_* variables), to see every process's devices;
   # the Trainer then finds it running.
-  parallel.initialize_distributed(config_lib.default_config().distributed)
-  loop.Trainer.__init__ = functools.partialmethod(
-      loop.Trainer.__init__, devices=interleaved_devices())
+  cluster.initialize_distributed(config_lib.default_config().distributed)
+  trainer_lib.Trainer.__init__ = functools.partialmethod(
+      trainer_lib.Trainer.__init__, devices=interleaved_devices())
   return cli.main()
 
 

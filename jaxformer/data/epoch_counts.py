@@ -30,7 +30,7 @@ import threading
 
 import numpy as np
 
-from jaxformer import paths
+from jaxformer.storage import paths
 
 FORMAT = 1
 

@@ -57,7 +57,7 @@ from jaxformer.data import sources
 from jaxformer.data import token_cache as token_cache_lib
 from jaxformer.data import tokenizer as tokenizer_lib
 from jaxformer.data.token_cache import TokenizedSplit
-from jaxformer.row_share import RowShare, round_up_rows
+from jaxformer.parallel.row_share import RowShare, round_up_rows
 
 Batch = dict[str, np.ndarray]
 _BUCKET_GRANULARITY = 8

@@ -10,7 +10,7 @@ The same pairs serve the other tasks: 'tsv' lines 'text<TAB>label' (a class
 name or number) or 'text<TAB>value' (numbers separated by spaces), and
 `data.builtin.dataset` picks the built-in variant (see builtin.task_examples).
 Files may be gzip-compressed (name ends in '.gz') and may live anywhere
-jaxformer.paths reads (local paths, gs://...).
+jaxformer.storage.paths reads (local paths, gs://...).
 
 Every problem with the input raises `DataError` (a ValueError) whose message
 names the file, the line and the fix; a missing file raises `MissingFileError`,
@@ -28,7 +28,7 @@ from collections.abc import Iterable, Iterator
 
 import ml_collections
 
-from jaxformer import paths
+from jaxformer.storage import paths
 from jaxformer.data import builtin
 
 SPLITS = ('train', 'dev', 'test')

@@ -53,7 +53,7 @@ from collections.abc import Callable, Iterable, Iterator
 import ml_collections
 import numpy as np
 
-from jaxformer import paths
+from jaxformer.storage import paths
 from jaxformer.data import sources
 from jaxformer.data import tokenizer as tokenizer_lib
 

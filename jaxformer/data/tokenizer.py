@@ -1,12 +1,12 @@
 """SentencePiece tokenizers: training, loading, and the fixed special ids.
 
 Special ids are the same in every model jaxformer trains or accepts: those
-of `jaxformer.token_ids` (PAD 0, EOS 1, UNK 2, BOS 3), re-exported here.
+of `jaxformer.data.token_ids` (PAD 0, EOS 1, UNK 2, BOS 3), re-exported here.
 
 Models live as `<workdir>/tokenizer/joint.model` (one model for both sides)
 or `source.model` and `target.model`.  In a multi-process run only process 0
 trains or copies a model; the others wait for the file.  Files are written
-whole (jaxformer.paths.write_bytes), so a waiting process never reads half a
+whole (jaxformer.storage.paths.write_bytes), so a waiting process never reads half a
 model.
 """
 
@@ -23,9 +23,9 @@ import ml_collections
 import numpy as np
 import sentencepiece as spm
 
-from jaxformer import paths
+from jaxformer.storage import paths
 from jaxformer.data import sources
-from jaxformer.token_ids import BOS_ID, EOS_ID, PAD_ID, UNK_ID
+from jaxformer.data.token_ids import BOS_ID, EOS_ID, PAD_ID, UNK_ID
 
 _SPECIAL_IDS = {'pad': PAD_ID, 'eos': EOS_ID, 'unk': UNK_ID, 'bos': BOS_ID}
 _SPECIAL_PIECES = {'pad': '<pad>', 'eos': '</s>', 'unk': '<unk>', 'bos': '<s>'}

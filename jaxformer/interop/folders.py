@@ -5,7 +5,7 @@ import shutil
 import tempfile
 from typing import Callable
 
-from jaxformer import paths
+from jaxformer.storage import paths
 
 
 def check_new(out: str) -> str:

@@ -25,7 +25,7 @@ from typing import Callable
 
 import numpy as np
 
-from jaxformer import exports
+from jaxformer.checkpoints import exports
 from jaxformer.data import sources
 from jaxformer.data import vocab_tokenizer
 from jaxformer.model.config import ModelConfig

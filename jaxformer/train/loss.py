@@ -8,7 +8,7 @@ import jax
 import jax.numpy as jnp
 from flax import linen as nn
 
-from jaxformer import parallel
+from jaxformer.parallel import mesh as mesh_lib
 
 
 def smoothed_cross_entropy(logits: jax.Array, targets: jax.Array,
@@ -123,7 +123,7 @@ class OutputChunking:
 
 
 def _traced_device():
-  """The kind of device of the mesh being traced for (`parallel.activate`),
+  """The kind of device of the mesh being traced for (`mesh_lib.activate`),
   else the default device."""
   mesh = jax.sharding.get_abstract_mesh()
   device = None if mesh.empty else getattr(mesh, 'abstract_device', None)
@@ -134,19 +134,19 @@ def output_chunking(batch: int, length: int, vocab: int,
                     chunk_logits: int | None = None,
                     min_rows: int = MIN_CHUNK_ROWS) -> OutputChunking:
   """The chunks of a [batch, length] output over `vocab` on the mesh that
-  is current while tracing (`parallel.activate`: its batch axes split the
+  is current while tracing (`mesh_lib.activate`: its batch axes split the
   rows; one device without a mesh). chunk_logits: the most logits per
   device and chunk; None: `chunk_logits_budget` of the mesh's device."""
   mesh = jax.sharding.get_abstract_mesh()
   shards = 1
-  if not mesh.empty and set(parallel.BATCH_SPEC[0]) <= set(mesh.axis_names):
-    shards = parallel.row_shards(mesh)
+  if not mesh.empty and set(mesh_lib.BATCH_SPEC[0]) <= set(mesh.axis_names):
+    shards = mesh_lib.row_shards(mesh)
   if batch % shards:
     shards = 1  # Not split over the batch axes as a whole.
   rows = batch // shards
   if chunk_logits is None:
     chunk_logits = chunk_logits_budget(
-        parallel.device_memory_bytes(_traced_device()))
+        mesh_lib.device_memory_bytes(_traced_device()))
   span = chunk_span(rows, length, vocab, chunk_logits, min_rows)
   return OutputChunking(shards, rows, span, -(-length // span))
 

@@ -8,7 +8,7 @@ from flax import linen as nn
 from flax import struct
 from jax.sharding import Mesh
 
-from jaxformer import parallel
+from jaxformer.parallel import mesh as mesh_lib
 
 
 class TrainState(struct.PyTreeNode):
@@ -36,7 +36,7 @@ def state_shardings(task, model, tx, example_batch, mesh: Mesh, rules,
   """(abstract state, NamedSharding tree): shapes and placement of the state
   without allocating it."""
   boxed = jax.eval_shape(_init_fn(task, model, tx, example_batch, prng_impl), 0)
-  shardings = parallel.logical_shardings(nn.get_partition_spec(boxed), mesh,
+  shardings = mesh_lib.logical_shardings(nn.get_partition_spec(boxed), mesh,
                                          rules)
   return nn.unbox(boxed), shardings
 
@@ -53,7 +53,7 @@ def create_train_state(task, model: nn.Module, tx: optax.GradientTransformation,
   _, shardings = state_shardings(task, model, tx, example_batch, mesh, rules,
                                  prng_impl)
   init = _init_fn(task, model, tx, example_batch, prng_impl)
-  with parallel.activate(mesh, rules):
+  with mesh_lib.activate(mesh, rules):
     return jax.jit(lambda seed: nn.unbox(init(seed)),
                    out_shardings=shardings)(seed)
 

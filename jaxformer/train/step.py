@@ -9,7 +9,7 @@ import optax
 from flax import linen as nn
 from jax.sharding import Mesh
 
-from jaxformer import parallel
+from jaxformer.parallel import mesh as mesh_lib
 from jaxformer.train import loss as losses
 from jaxformer.train.state import TrainState
 
@@ -109,17 +109,17 @@ def eval_sums(params: Any, batch: dict[str, jax.Array], *, task, model
 def compile_train_step(mesh: Mesh, shardings: TrainState, **step_kwargs):
   """`train_step` jitted on `mesh`: state stays in `shardings` and is
   donated, batch is split over the batch axes, metrics are replicated.
-  Call it inside `parallel.activate(mesh, rules)`."""
+  Call it inside `mesh_lib.activate(mesh, rules)`."""
   return jax.jit(
       functools.partial(train_step, param_shardings=shardings.params,
                         **step_kwargs),
-      in_shardings=(shardings, parallel.batch_sharding(mesh)),
-      out_shardings=(shardings, parallel.replicated(mesh)),
+      in_shardings=(shardings, mesh_lib.batch_sharding(mesh)),
+      out_shardings=(shardings, mesh_lib.replicated(mesh)),
       donate_argnums=(0,))
 
 
 def compile_eval_step(mesh: Mesh, param_shardings: Any, **step_kwargs):
   return jax.jit(
       functools.partial(eval_sums, **step_kwargs),
-      in_shardings=(param_shardings, parallel.batch_sharding(mesh)),
-      out_shardings=parallel.replicated(mesh))
+      in_shardings=(param_shardings, mesh_lib.batch_sharding(mesh)),
+      out_shardings=mesh_lib.replicated(mesh))

@@ -12,7 +12,7 @@ import pytest
 from jaxformer.data import epoch_counts
 from jaxformer.data import epochs
 from jaxformer.data import pipeline
-from jaxformer.row_share import RowShare
+from jaxformer.parallel.row_share import RowShare
 
 import tsv_corpus
 from tsv_corpus import write_tsv

@@ -5,12 +5,12 @@ import pytest
 import tensorflow as tf
 
 from jaxformer.data import builtin
-from jaxformer.data.config import default_data_config
+from jaxformer.data.defaults import default_data_config
 from jaxformer.data import pipeline
 from jaxformer.data import tokenizer as tokenizer_lib
 from jaxformer.data.sources import DataError
 from jaxformer.data.tokenizer import EOS_ID
-from jaxformer.row_share import RowShare
+from jaxformer.parallel.row_share import RowShare
 
 NUM_TRAIN, NUM_DEV = 300, 23
 KEYS = ('inputs', 'inputs_segment_ids', 'inputs_positions',

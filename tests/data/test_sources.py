@@ -4,7 +4,7 @@ import pytest
 import tensorflow as tf
 
 from jaxformer.data import builtin
-from jaxformer.data.config import default_data_config
+from jaxformer.data.defaults import default_data_config
 from jaxformer.data import sources
 from jaxformer.data.sources import DataError
 from jaxformer.data.sources import MissingFileError

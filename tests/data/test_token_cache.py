@@ -12,7 +12,7 @@ from jaxformer.data import pipeline
 from jaxformer.data import sources
 from jaxformer.data import token_cache
 from jaxformer.data import tokenizer as tokenizer_lib
-from jaxformer.data.config import default_data_config
+from jaxformer.data.defaults import default_data_config
 
 import tsv_corpus
 from tsv_corpus import PAIRS, write_tsv

@@ -8,7 +8,7 @@ import pytest
 import sentencepiece as spm
 
 from jaxformer.data import builtin
-from jaxformer.data.config import default_data_config
+from jaxformer.data.defaults import default_data_config
 from jaxformer.data import sources
 from jaxformer.data import tokenizer as tokenizer_lib
 from jaxformer.data.sources import DataError

@@ -1,6 +1,6 @@
 """A small TSV corpus for the tests of data/, and its data config."""
 from jaxformer.data import builtin
-from jaxformer.data.config import default_data_config
+from jaxformer.data.defaults import default_data_config
 
 PAIRS = builtin.generate(120, 5, 'train')
 

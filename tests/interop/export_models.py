@@ -5,13 +5,13 @@ import ml_collections
 from flax.core import meta
 import numpy as np
 
-from jaxformer import trained as trained_lib
-from jaxformer.config import default_config
+from jaxformer.checkpoints import trained as trained_lib
+from jaxformer.config.settings import default_config
 from jaxformer.data import builtin
 from jaxformer.data.tokenizer import train_tokenizer
 from jaxformer.model import EncoderDecoder, ModelConfig
 from jaxformer.model.config import to_config_dict
-from jaxformer.tasks import get_task
+from jaxformer.train.tasks import get_task
 
 VOCAB = 100
 PAIRS = builtin.generate(8, 0, 'test')

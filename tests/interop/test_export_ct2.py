@@ -8,7 +8,9 @@ import numpy as np
 import pytest
 
 import export_models
-from jaxformer import cli, decode, exports
+from jaxformer.cli import main as cli
+from jaxformer.inference import search
+from jaxformer.checkpoints import exports
 from jaxformer.interop import ct2, folders
 from jaxformer.model import EncoderDecoder
 
@@ -49,7 +51,7 @@ def test_greedy_outputs_equal_and_scores_within_1e_5(name, tok, tmp_path):
                                       intra_threads=1)
   rows = export_models.source_rows(tok)
   sources = pieces(tok, [export_models.until_eos(row) for row in rows])
-  ours = np.asarray(decode.greedy_decode(model.params, model.model_config,
+  ours = np.asarray(search.greedy_decode(model.params, model.model_config,
                                          rows, max_decode_len=MAX_DECODE))
   ours = [export_models.until_eos(row) for row in ours]
   assert len(set(map(tuple, ours))) > 4 and 0 not in sum(ours, [])

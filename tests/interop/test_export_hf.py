@@ -10,7 +10,9 @@ import pytest
 
 import export_models
 import marian_folders
-from jaxformer import cli, decode, trained
+from jaxformer.cli import main as cli
+from jaxformer.inference import search
+from jaxformer.checkpoints import trained
 from jaxformer.interop import ct2, hf_marian
 from jaxformer.model import EncoderDecoder
 
@@ -41,10 +43,10 @@ def hf_outputs(model, tokenizer, texts, beams: int, eos: int) -> list[list]:
 def jaxformer_outputs(model, rows, beams: int) -> list[list]:
   config = model.model_config
   if beams == 1:
-    tokens = decode.greedy_decode(model.params, config, rows,
+    tokens = search.greedy_decode(model.params, config, rows,
                                   max_decode_len=MAX_DECODE)
   else:
-    tokens = decode.beam_search(model.params, config, rows, beam_size=beams,
+    tokens = search.beam_search(model.params, config, rows, beam_size=beams,
                                 alpha=0.0, max_decode_len=MAX_DECODE)[0][:, 0]
   return [export_models.until_eos(row, config.eos_id)
           for row in np.asarray(tokens)]

@@ -18,8 +18,9 @@ pytest.importorskip('transformers')
 
 import marian_folders  # noqa: E402
 
-from jaxformer import cli, trained  # noqa: E402
-from jaxformer.train.metrics import read_metrics  # noqa: E402
+from jaxformer.cli import main as cli
+from jaxformer.checkpoints import trained
+from jaxformer.run.metrics import read_metrics  # noqa: E402
 
 CONFIG = str(pathlib.Path(__file__).resolve().parents[2] / 'configs'
              / 'finetune.py')
@@ -64,7 +65,7 @@ def train(workdir: pathlib.Path, setup) -> subprocess.Popen:
   workdir.mkdir(exist_ok=True)
   log = open(workdir / f'log_{time.time_ns()}.txt', 'w')
   return subprocess.Popen(
-      [sys.executable, '-m', 'jaxformer.cli', 'train', '--config', CONFIG,
+      [sys.executable, '-m', 'jaxformer', 'train', '--config', CONFIG,
        '--workdir', str(workdir), *overrides], stdout=log,
       stderr=subprocess.STDOUT, env=environment)
 

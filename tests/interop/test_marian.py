@@ -17,7 +17,9 @@ pytest.importorskip('safetensors')
 
 import marian_folders  # noqa: E402
 
-from jaxformer import cli, decode, trained  # noqa: E402
+from jaxformer.cli import main as cli
+from jaxformer.inference import search
+from jaxformer.checkpoints import trained
 from jaxformer.model import EncoderDecoder  # noqa: E402
 
 SHAPES = {
@@ -122,9 +124,9 @@ def test_logits_equal_pytorchs(imported):
 def test_greedy_and_beam_outputs_equal_generate(imported):
   config = imported.ours.model_config
   rows = imported.rows(sentences())
-  greedy = np.asarray(decode.greedy_decode(
+  greedy = np.asarray(search.greedy_decode(
       imported.ours.params, config, rows, max_decode_len=DECODE_LEN))
-  beams, _ = decode.beam_search(imported.ours.params, config, rows,
+  beams, _ = search.beam_search(imported.ours.params, config, rows,
                                 beam_size=4, alpha=0.0,
                                 max_decode_len=DECODE_LEN)
   # alpha 0 (no length penalty) is HF's length_penalty=0.
@@ -132,10 +134,10 @@ def test_greedy_and_beam_outputs_equal_generate(imported):
             'beam 4': imported.generate(rows, num_beams=4, length_penalty=0.0,
                                         early_stopping=False)}
   ours = {'greedy': greedy, 'beam 4': np.asarray(beams[:, 0])}
-  for search in ours:
-    got = [up_to_eos(r, config.eos_id) for r in ours[search]]
-    want = [up_to_eos(r, config.eos_id) for r in theirs[search]]
-    print(f'{search}: {sum(a == b for a, b in zip(got, want))}/{len(want)} '
+  for kind in ours:
+    got = [up_to_eos(r, config.eos_id) for r in ours[kind]]
+    want = [up_to_eos(r, config.eos_id) for r in theirs[kind]]
+    print(f'{kind}: {sum(a == b for a, b in zip(got, want))}/{len(want)} '
           'outputs equal')
     assert got == want
   distinct = {tuple(r) for r in (up_to_eos(r, config.eos_id) for r in greedy)}

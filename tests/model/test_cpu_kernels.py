@@ -9,7 +9,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from jaxformer import decode
+from jaxformer.inference import search
 from jaxformer.model import backend, cpu_kernels
 
 
@@ -41,7 +41,7 @@ def test_platform_of_an_array_is_that_of_its_devices():
 
 @pytest.mark.parametrize('vocab', [8000, 7999, 32])
 @pytest.mark.parametrize('argmax', [cpu_kernels.halving_argmax,
-                                    decode.greedy_choice])
+                                    search.greedy_choice])
 def test_argmax_including_ties_and_nan(argmax, vocab):
   rng = np.random.default_rng(0)
   logits = rng.normal(size=(6, vocab)).astype(np.float32)

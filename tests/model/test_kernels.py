@@ -7,7 +7,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from jaxformer import parallel
+from jaxformer.parallel import mesh as mesh_lib
 from jaxformer.model import EncoderDecoder, ModelConfig, backend, kernels
 from jaxformer.model.attention import attention_mask, einsum_attention
 
@@ -90,10 +90,10 @@ def test_splash_cross_attention_of_other_length_equals_einsum():
 def test_sharded_splash_equals_einsum_on_a_data_by_tensor_mesh():
   """Rows over `data`, heads over `tensor`: shard_map hands each device its
   own rows and heads."""
-  mesh = parallel.make_mesh({'data': 2, 'tensor': 2}, jax.devices()[:4])
+  mesh = mesh_lib.make_mesh({'data': 2, 'tensor': 2}, jax.devices()[:4])
   q, k, v = qkv(jnp.float32)
   ids = jnp.asarray(PACKED)
-  with parallel.activate(mesh, parallel.DEFAULT_AXIS_RULES):
+  with mesh_lib.activate(mesh, mesh_lib.DEFAULT_AXIS_RULES):
     got = jax.jit(lambda q, k, v: kernels.splash_attention(
         q, k, v, ids, ids, True, interpret=True))(q, k, v)
     text = jax.jit(lambda q, k, v: kernels.splash_attention(
@@ -145,8 +145,8 @@ def test_unknown_attention_impl_is_an_error_naming_the_key():
 
 def test_platform_is_that_of_the_mesh_in_context():
   assert backend.platform() == jax.default_backend()
-  mesh = parallel.make_mesh({'data': 2}, jax.devices()[:2])
-  with parallel.activate(mesh, parallel.DEFAULT_AXIS_RULES):
+  mesh = mesh_lib.make_mesh({'data': 2}, jax.devices()[:2])
+  with mesh_lib.activate(mesh, mesh_lib.DEFAULT_AXIS_RULES):
     assert jax.jit(lambda: jnp.zeros(()) + len(backend.platform())
                    ).trace().jaxpr is not None
     assert backend.platform() == 'cpu'

@@ -10,9 +10,9 @@ import ml_collections
 import numpy as np
 import pytest
 
-from jaxformer import parallel
+from jaxformer.parallel import mesh as mesh_lib
 from jaxformer.model import ModelConfig
-from jaxformer.tasks import get_task
+from jaxformer.train.tasks import get_task
 from jaxformer.train import schedule as schedules
 from jaxformer.train.state import state_shardings
 from jaxformer.train.step import compile_train_step
@@ -45,8 +45,8 @@ def compiled_train_step(devices, attention_impl: str, rows=8, length=128,
   """(HLO text, memory analysis or None) of the train step on a data=4
   mesh of `devices`, compiled (or only lowered: compile_it=False)."""
   mesh = jax.sharding.Mesh(np.array(devices).reshape(4, 1, 1),
-                           parallel.MESH_AXES)
-  rules = parallel.DEFAULT_AXIS_RULES
+                           mesh_lib.MESH_AXES)
+  rules = mesh_lib.DEFAULT_AXIS_RULES
   task = get_task('translation')
   config = MODEL.replace(attention_impl=attention_impl)
   tx = schedules.make_optimizer(TRAIN, schedules.make_schedule(TRAIN, 256))
@@ -57,11 +57,11 @@ def compiled_train_step(devices, attention_impl: str, rows=8, length=128,
   state = jax.tree.map(
       lambda x, s: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=s),
       abstract, shardings)
-  batch_sharding = parallel.batch_sharding(mesh)
+  batch_sharding = mesh_lib.batch_sharding(mesh)
   batch = {key: jax.ShapeDtypeStruct((rows, length), jnp.int32,
                                      sharding=batch_sharding)
            for key in ('inputs', 'targets')}
-  with parallel.activate(mesh, rules):
+  with mesh_lib.activate(mesh, rules):
     step = compile_train_step(
         mesh, shardings, task=task,
         model=task.model(config, deterministic=False), tx=tx,
@@ -92,10 +92,10 @@ def lowered_decode(devices, beam_size: int) -> str:
   as `jax.jit(...).lower` with sharded arguments does: greedy search
   (beam 1) or beam search, 140 tokens (long enough for cache buckets), 4
   sentences (few enough for the int8 screen)."""
-  from jaxformer import decode
+  from jaxformer.inference import search
   from jaxformer.model import EncoderDecoder
   mesh = jax.sharding.Mesh(np.array(devices).reshape(-1, 1, 1),
-                           parallel.MESH_AXES)
+                           mesh_lib.MESH_AXES)
   replicated = jax.sharding.NamedSharding(mesh, jax.sharding.PartitionSpec())
   tokens = jnp.ones((4, 8), jnp.int32)
   params = jax.tree.map(
@@ -103,14 +103,14 @@ def lowered_decode(devices, beam_size: int) -> str:
       jax.eval_shape(EncoderDecoder(DECODER).init, jax.random.PRNGKey(0),
                      tokens, tokens)['params'])
   inputs = jax.ShapeDtypeStruct((4, 8), jnp.int32,
-                                sharding=parallel.batch_sharding(mesh))
+                                sharding=mesh_lib.batch_sharding(mesh))
   if beam_size == 1:
-    search = lambda p, x: decode.greedy_decode(  # noqa: E731
+    searcher = lambda p, x: search.greedy_decode(  # noqa: E731
         p, DECODER, x, max_decode_len=140)
   else:
-    search = lambda p, x: decode.beam_search(  # noqa: E731
+    searcher = lambda p, x: search.beam_search(  # noqa: E731
         p, DECODER, x, beam_size=beam_size, max_decode_len=140)[0]
-  return jax.jit(search).lower(params, inputs).as_text()
+  return jax.jit(searcher).lower(params, inputs).as_text()
 
 
 def cpu_kernel_marks(text: str) -> dict[str, int]:

@@ -11,13 +11,13 @@ import jax
 import numpy as np
 import pytest
 
-from jaxformer import checkpoint as checkpoint_lib
-from jaxformer import cli
-from jaxformer.config import ConfigError, load_config
-from jaxformer.train import budget as budget_lib
+from jaxformer.checkpoints import manager as checkpoint_lib
+from jaxformer.cli import main as cli
+from jaxformer.config.settings import ConfigError, load_config
+from jaxformer.run import budget as budget_lib
 from jaxformer.train import schedule as schedules
-from jaxformer.train.loop import Trainer
-from jaxformer.train.metrics import read_metrics
+from jaxformer.run.trainer import Trainer
+from jaxformer.run.metrics import read_metrics
 
 CONFIG = str(pathlib.Path(__file__).resolve().parents[2] / 'configs'
              / 'quickstart.py') + ':runlocal'

@@ -6,7 +6,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from jaxformer import parallel
+from jaxformer.parallel import mesh as mesh_lib
 from jaxformer.train import loss
 
 
@@ -155,9 +155,9 @@ def test_chunks_have_256_rows_per_device_or_fill_the_logits_budget():
 
 
 def test_chunks_are_sized_by_the_rows_on_each_device_of_the_mesh():
-  mesh = parallel.make_mesh({'data': 2, 'fsdp': 2, 'tensor': 2})
+  mesh = mesh_lib.make_mesh({'data': 2, 'fsdp': 2, 'tensor': 2})
   assert loss.output_chunking(64, 512, 8000).row_shards == 1
-  with parallel.activate(mesh, parallel.DEFAULT_AXIS_RULES):
+  with mesh_lib.activate(mesh, mesh_lib.DEFAULT_AXIS_RULES):
     chunking = loss.output_chunking(64, 512, 8000)
   assert (chunking.row_shards, chunking.rows_per_device) == (4, 16)
   assert (chunking.span, chunking.chunks) == (32, 16)  # 2 ** 22 logits.
@@ -169,7 +169,7 @@ def test_sharded_output_token_metrics_equal_the_full_logits():
   the loop and reduced after it: the same sums and gradients."""
   x, kernel, bias, targets, weights = _output_layer_problem(2, 4, 7, 16, 32,
                                                             True)
-  mesh = parallel.make_mesh({'data': 2, 'fsdp': 2, 'tensor': 2})
+  mesh = mesh_lib.make_mesh({'data': 2, 'fsdp': 2, 'tensor': 2})
 
   def objective(metrics_fn, x, kernel, bias):
     sums = metrics_fn(x, kernel, bias, targets, weights, 0.1)
@@ -179,8 +179,8 @@ def test_sharded_output_token_metrics_equal_the_full_logits():
                             min_rows=2)  # 1 row per device: 3 chunks of 3.
   expected = jax.value_and_grad(objective, (1, 2, 3))(_full_logits_metrics,
                                                       x, kernel, bias)
-  rows = jax.sharding.NamedSharding(mesh, parallel.BATCH_SPEC)
-  with parallel.activate(mesh, parallel.DEFAULT_AXIS_RULES):
+  rows = jax.sharding.NamedSharding(mesh, mesh_lib.BATCH_SPEC)
+  with mesh_lib.activate(mesh, mesh_lib.DEFAULT_AXIS_RULES):
     assert loss.output_chunking(4, 7, 32, 1, 2).chunks == 3
     value, grads = jax.jit(jax.value_and_grad(objective, (1, 2, 3)),
                            static_argnums=0)(fused, jax.device_put(x, rows),

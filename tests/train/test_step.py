@@ -6,9 +6,9 @@ import ml_collections
 import numpy as np
 import pytest
 
-from jaxformer import parallel
+from jaxformer.parallel import mesh as mesh_lib
 from jaxformer.model import ModelConfig
-from jaxformer.tasks import get_task
+from jaxformer.train.tasks import get_task
 from jaxformer.train import schedule as schedules
 from jaxformer.train.state import create_train_state
 from jaxformer.train.step import compile_train_step
@@ -55,15 +55,15 @@ def run_steps(model_config, mesh_sizes, num_devices, batches,
   numpy). Adam is nearly invariant to the gradient's scale, so parameters
   alone would not show a step that sums or averages its gradient wrongly;
   the norms do."""
-  mesh = parallel.make_mesh(mesh_sizes, jax.devices()[:num_devices])
-  rules = parallel.DEFAULT_AXIS_RULES
+  mesh = mesh_lib.make_mesh(mesh_sizes, jax.devices()[:num_devices])
+  rules = mesh_lib.DEFAULT_AXIS_RULES
   task = get_task(task_name)
   schedule = schedules.make_schedule(TRAIN, model_config.d_model)
   tx = schedules.make_optimizer(TRAIN, schedule)
   state = create_train_state(task, task.model(model_config), tx, batches[0],
                              mesh, rules, seed=0)
   shardings = jax.tree.map(lambda x: x.sharding, state)
-  with parallel.activate(mesh, rules):
+  with mesh_lib.activate(mesh, rules):
     step = compile_train_step(
         mesh, shardings, task=task,
         model=task.model(model_config, deterministic=False), tx=tx,
@@ -71,7 +71,7 @@ def run_steps(model_config, mesh_sizes, num_devices, batches,
         grad_accum_steps=grad_accum_steps, prng_impl='threefry2x32')
     losses, grad_norms = [], []
     for batch in batches:
-      state, metrics = step(state, parallel.global_batch(batch, mesh))
+      state, metrics = step(state, mesh_lib.global_batch(batch, mesh))
       losses.append(float(metrics['loss']))
       grad_norms.append(float(metrics['grad_norm']))
   return (np.array(losses), np.array(grad_norms),
@@ -111,12 +111,12 @@ def test_sharded_steps_match_single_device(single_device_run, mesh_sizes):
 
 
 def test_fsdp_and_tensor_axes_shard_the_parameters():
-  mesh = parallel.make_mesh({'data': 2, 'fsdp': 2, 'tensor': 2})
+  mesh = mesh_lib.make_mesh({'data': 2, 'fsdp': 2, 'tensor': 2})
   task = get_task('translation')
   tx = schedules.make_optimizer(TRAIN, schedules.make_schedule(TRAIN, 32))
   state = create_train_state(task, task.model(tiny_model()), tx,
                              toy_batches(1)[0], mesh,
-                             parallel.DEFAULT_AXIS_RULES, seed=0)
+                             mesh_lib.DEFAULT_AXIS_RULES, seed=0)
   ffn_in = state.params['encoder']['layer_0']['ffn']['wi']['kernel']
   # [mlp, embed]: the hidden units split over 'tensor', the inputs over 'fsdp'.
   assert ffn_in.sharding.spec == jax.sharding.PartitionSpec('tensor', 'fsdp')
@@ -176,8 +176,8 @@ def test_scanned_layers_give_the_plain_loss_and_gradients(remat_policy):
 def accumulating_fsdp_step_jaxpr(grad_accum_steps=2):
   """(the traced jaxpr of an accumulating step on an fsdp=4 mesh, the
   number of parameter arrays)."""
-  mesh = parallel.make_mesh({'fsdp': 4}, jax.devices()[:4])
-  rules = parallel.DEFAULT_AXIS_RULES
+  mesh = mesh_lib.make_mesh({'fsdp': 4}, jax.devices()[:4])
+  rules = mesh_lib.DEFAULT_AXIS_RULES
   task = get_task('translation')
   schedule = schedules.make_schedule(TRAIN, 32)
   tx = schedules.make_optimizer(TRAIN, schedule)
@@ -185,12 +185,12 @@ def accumulating_fsdp_step_jaxpr(grad_accum_steps=2):
   state = create_train_state(task, task.model(tiny_model()), tx, batch, mesh,
                              rules, seed=0)
   shardings = jax.tree.map(lambda x: x.sharding, state)
-  with parallel.activate(mesh, rules):
+  with mesh_lib.activate(mesh, rules):
     step = compile_train_step(
         mesh, shardings, task=task, model=task.model(tiny_model()), tx=tx,
         schedule=schedule, label_smoothing=0.1,
         grad_accum_steps=grad_accum_steps, prng_impl='threefry2x32')
-    traced = step.trace(state, parallel.global_batch(batch, mesh))
+    traced = step.trace(state, mesh_lib.global_batch(batch, mesh))
   return traced.jaxpr, shardings.params
 
 

@@ -40,16 +40,16 @@ import jax
 import jax.numpy as jnp
 import ml_collections
 
-from jaxformer import aot_cache
-from jaxformer import decode
-from jaxformer import evaluate
-from jaxformer import hlo
-from jaxformer import host_plan
-from jaxformer import parallel
-from jaxformer import trained
-from jaxformer.data import tasks as data_tasks
+from jaxformer.aot import report_cache
+from jaxformer.inference import search
+from jaxformer.inference import evaluate
+from jaxformer.aot import hlo
+from jaxformer.run import host_plan
+from jaxformer.parallel import mesh as mesh_lib
+from jaxformer.checkpoints import trained
+from jaxformer.data import task_batches
 from jaxformer.model import config as model_config_lib
-from jaxformer.tasks import get_task
+from jaxformer.train.tasks import get_task
 from jaxformer.train import flops as flops_lib
 from jaxformer.train import schedule as schedules
 from jaxformer.train.step import compile_eval_step, compile_train_step
@@ -177,7 +177,7 @@ def batch_struct(config: ml_collections.ConfigDict, rows: int, source: int,
   """A global batch of `config.task` (`Task.batch_shapes`: token arrays
   [rows, source] and/or [rows, target], the labels or values) split over
   the batch axes."""
-  sharding = parallel.batch_sharding(mesh)
+  sharding = mesh_lib.batch_sharding(mesh)
   shapes = get_task(config.task).batch_shapes(config, rows, source, target)
   return {key: jax.ShapeDtypeStruct(shape, dtype, sharding=sharding)
           for key, (shape, dtype) in shapes.items()}
@@ -189,7 +189,7 @@ def train_shapes(config: ml_collections.ConfigDict, row_shards: int,
   pipeline can produce on a mesh of `row_shards` row shards ('bucket': each
   bucket, or those of width in `buckets`; 'pack' and the other tasks: the
   one shape)."""
-  shapes = data_tasks.train_batch_shapes(config, row_shards)
+  shapes = task_batches.train_batch_shapes(config, row_shards)
   if buckets:
     widths = {max(s, t) for _, s, t in shapes}
     unknown = sorted(set(buckets) - widths)
@@ -227,7 +227,7 @@ def build_programs(config: ml_collections.ConfigDict, mesh,
 
   def under_mesh(fn):
     def lower(*args):
-      with parallel.activate(mesh, rules):
+      with mesh_lib.activate(mesh, rules):
         return fn().lower(*args)
     return lower
 
@@ -241,7 +241,7 @@ def build_programs(config: ml_collections.ConfigDict, mesh,
         schedule=schedule, label_smoothing=train.label_smoothing,
         grad_accum_steps=accum, prng_impl=train.prng_impl)
     for rows, source, target in train_shapes(
-        config, parallel.row_shards(mesh), buckets):
+        config, mesh_lib.row_shards(mesh), buckets):
       name = task.shape_name(rows, source, target)
       _check_rows(f'train batch {name}', rows // accum, mesh,
                   'data.batch_size / data.tokens_per_batch')
@@ -253,7 +253,7 @@ def build_programs(config: ml_collections.ConfigDict, mesh,
                                             source, target)))
   data = config.data
   if 'eval' in kinds:
-    rows = data_tasks.eval_batch_rows(config, parallel.row_shards(mesh))
+    rows = task_batches.eval_batch_rows(config, mesh_lib.row_shards(mesh))
     _check_rows(f'eval batch of {rows} rows', rows, mesh, 'data.batch_size')
     batch = batch_struct(config, rows, data.max_source_length,
                          data.max_target_length, mesh)
@@ -295,11 +295,11 @@ def _decode_program(config, model_config, mesh, params, under_mesh):
   data, settings = config.data, config.decode
   split = mesh.shape['data'] * mesh.shape['fsdp']
   rows = -(-settings.batch_size // split) * split
-  decode_len = decode.decode_length(data.max_target_length,
+  decode_len = search.decode_length(data.max_target_length,
                                     settings.max_extra_len,
                                     model_config.max_len)
   inputs = jax.ShapeDtypeStruct((rows, data.max_source_length), jnp.int32,
-                                sharding=parallel.batch_sharding(mesh))
+                                sharding=mesh_lib.batch_sharding(mesh))
   beam = settings.beam_size
 
   def decode_fn():
@@ -419,7 +419,7 @@ def compile_run(config: ml_collections.ConfigDict, topology_name: str,
     log(f'compiling {len(programs)} programs')
   for program in programs:
     report['programs'].append(
-        aot_cache.report(program, topo, len(devices), program_report))
+        report_cache.report(program, topo, len(devices), program_report))
     if log:
       log(format_program(report['programs'][-1]))
   return report
@@ -437,7 +437,7 @@ LEVERS = {
               '--config.train.grad_accum_steps=K (the same batch in K '
               'microbatches)'),
     'eval': ('--config.mesh.fsdp=N', 'a smaller data.batch_size'),
-    'decode': ('--config.mesh.fsdp=N', 'a smaller decode.batch_size or '
+    'decode': ('--config.mesh.fsdp=N', 'a smaller search.batch_size or '
                'decode.beam_size'),
 }
 

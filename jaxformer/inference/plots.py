@@ -9,7 +9,7 @@ matplotlib.use('Agg')
 import matplotlib.pyplot as plt  # noqa: E402
 import numpy as np  # noqa: E402
 
-from jaxformer import paths  # noqa: E402
+from jaxformer.storage import paths
 
 
 def attention_heatmap(weights: np.ndarray, source_pieces: list[str],

@@ -27,7 +27,7 @@ from etils import epath
 from jax.experimental import multihost_utils
 from orbax.checkpoint.checkpoint_managers import preservation_policy
 
-from jaxformer import paths
+from jaxformer.storage import paths
 
 # Keys that may change when a run resumes; everything else must match.
 RESUMABLE_CHANGES = ('train.', 'eval.', 'checkpoint.', 'decode.', 'init.',

@@ -13,9 +13,9 @@ from collections.abc import Sequence
 import jax
 import ml_collections
 
-from jaxformer import parallel
-from jaxformer.data import tasks as data_tasks
-from jaxformer.row_share import RowShare
+from jaxformer.parallel import mesh as mesh_lib
+from jaxformer.data import task_batches
+from jaxformer.parallel.row_share import RowShare
 
 
 @dataclasses.dataclass(frozen=True)
@@ -56,8 +56,8 @@ class HostPlan:
 def run_mesh(config: ml_collections.ConfigDict,
              devices: Sequence[jax.Device] | None = None) -> jax.sharding.Mesh:
   """The mesh of config.mesh over `devices` (default: every device)."""
-  return parallel.make_mesh(
-      {axis: config.mesh[axis] for axis in parallel.MESH_AXES}, devices)
+  return mesh_lib.make_mesh(
+      {axis: config.mesh[axis] for axis in mesh_lib.MESH_AXES}, devices)
 
 
 def plan_host(config: ml_collections.ConfigDict, mesh: jax.sharding.Mesh,
@@ -72,16 +72,16 @@ def plan_host(config: ml_collections.ConfigDict, mesh: jax.sharding.Mesh,
 
   Raises:
     ValueError naming what to change, for a mesh that cannot be fed
-    (`parallel.row_shares`) or batches that do not split over its row
+    (`mesh_lib.row_shares`) or batches that do not split over its row
     shards and microbatches (`data.tasks.check_batch_shapes`).
   """
-  shares = parallel.row_shares(mesh)
+  shares = mesh_lib.row_shares(mesh)
   if process_index not in shares:
     raise ValueError(f'process {process_index} has no device in the mesh '
                      f'(processes {sorted(shares)}).')
   share = shares[process_index]
-  shapes = data_tasks.check_batch_shapes(config, share.num_shards)
-  eval_rows = data_tasks.eval_batch_rows(config, share.num_shards)
+  shapes = task_batches.check_batch_shapes(config, share.num_shards)
+  eval_rows = task_batches.eval_batch_rows(config, share.num_shards)
   held = None
   if state_shardings is not None:
     held = state_bytes(state_shardings, state_shapes, process_index)
@@ -92,7 +92,7 @@ def plan_host(config: ml_collections.ConfigDict, mesh: jax.sharding.Mesh,
                                for rows, source, target in shapes),
       eval_rows=eval_rows, local_eval_rows=share.local_rows(eval_rows),
       reads=tuple(tuple(share.row_ranges(rows)) for rows, _, _ in shapes),
-      data_order=data_tasks.data_order(config, share.num_shards),
+      data_order=task_batches.data_order(config, share.num_shards),
       state_bytes=held)
 
 

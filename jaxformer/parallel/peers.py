@@ -15,7 +15,7 @@ import time
 
 import jax
 
-from jaxformer import paths
+from jaxformer.storage import paths
 
 PROBE = '.shared-workdir-probe'
 

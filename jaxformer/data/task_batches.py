@@ -31,7 +31,7 @@ import numpy as np
 from jaxformer.data import pipeline
 from jaxformer.data import sources
 from jaxformer.data import tokenizer as tokenizer_lib
-from jaxformer.row_share import RowShare
+from jaxformer.parallel.row_share import RowShare
 
 Batch = dict[str, np.ndarray]
 

@@ -14,25 +14,26 @@ import ml_collections
 import numpy as np
 from jax.experimental import multihost_utils
 
-from jaxformer import checkpoint as checkpoint_lib
-from jaxformer import exports
-from jaxformer import evaluate as evaluate_lib
-from jaxformer import host_plan
-from jaxformer import hosts
-from jaxformer import parallel
-from jaxformer import paths
-from jaxformer import trained as trained_lib
-from jaxformer.data import config as data_config_lib
-from jaxformer.data import tasks as data_tasks
+from jaxformer.checkpoints import manager as checkpoint_lib
+from jaxformer.checkpoints import exports
+from jaxformer.inference import evaluate as evaluate_lib
+from jaxformer.run import host_plan
+from jaxformer.parallel import peers
+from jaxformer.parallel import cluster
+from jaxformer.parallel import mesh as mesh_lib
+from jaxformer.storage import paths
+from jaxformer.checkpoints import trained as trained_lib
+from jaxformer.data import defaults as data_config_lib
+from jaxformer.data import task_batches
 from jaxformer.data import token_cache as token_cache_lib
 from jaxformer.data import tokenizer as tokenizer_lib
 from jaxformer.model import config as model_config_lib
-from jaxformer.tasks import get_task
-from jaxformer.train import budget as budget_lib
+from jaxformer.train.tasks import get_task
+from jaxformer.run import budget as budget_lib
 from jaxformer.train import flops as flops_lib
 from jaxformer.train import loss as losses
 from jaxformer.train import schedule as schedules
-from jaxformer.train.metrics import MetricsWriter, Progress
+from jaxformer.run.metrics import MetricsWriter, Progress
 from jaxformer.train.state import TrainState, create_train_state
 from jaxformer.train.step import compile_eval_step, compile_train_step
 
@@ -59,7 +60,7 @@ class StopRequested:
 
   def __enter__(self):
     # Entered after the runtime started, SIGTERM stays with JAX's service.
-    ours = ((signal.SIGINT,) if parallel.runtime_started()
+    ours = ((signal.SIGINT,) if cluster.runtime_started()
             else (signal.SIGTERM, signal.SIGINT))
     for sig in ours:
       self._previous[sig] = signal.signal(sig, self._handle)
@@ -75,7 +76,7 @@ class StopRequested:
 
   def at(self, step: int, checkpoints: checkpoint_lib.Checkpointer) -> bool:
     """Whether to save and stop after `step`; call once at every step."""
-    if parallel.runtime_started() and checkpoints.reached_preemption(step):
+    if cluster.runtime_started() and checkpoints.reached_preemption(step):
       self.signal_name, self._agreed = 'Preemption notice (SIGTERM)', True
     return self._agreed or self.signalled()
 
@@ -128,7 +129,7 @@ def with_labels(config: ml_collections.ConfigDict) -> ml_collections.ConfigDict:
   if not get_task(config.task).labels_from_data:
     return config
   config = ml_collections.ConfigDict(config.to_dict())
-  config.data.labels = data_tasks.labels_of(config.data)
+  config.data.labels = task_batches.labels_of(config.data)
   config.model.num_classes = len(config.data.labels)
   return config
 
@@ -155,11 +156,11 @@ class Trainer:
                devices=None):
     """`devices`: the mesh's devices in order (default: all, as
     `jax.make_mesh` orders them)."""
-    parallel.initialize_distributed(config.distributed)
+    cluster.initialize_distributed(config.distributed)
     self.devices = devices
     # Seconds, not the hour that the others would wait for process 0's files.
-    hosts.check_shared_workdir(workdir)
-    hosts.watch_peers(config.distributed.heartbeat_timeout)
+    peers.check_shared_workdir(workdir)
+    peers.watch_peers(config.distributed.heartbeat_timeout)
     self.budget = budget_lib.Budget(config.train.max_minutes,
                                     sync_every=config.train.log_every)
     self.finished = False
@@ -180,7 +181,7 @@ class Trainer:
       write_tokenizers(config.data, workdir, pretrained_tokenizers)
     # Process 0's tokenizer hash and token-cache keys are every process's.
     agree = (functools.partial(
-        hosts.from_process_0,
+        peers.from_process_0,
         timeout_seconds=config.data.tokenizer.get('wait_seconds', 3600))
              if jax.process_count() > 1 else None)
     self.source_tok, self.target_tok = tokenizer_lib.get_or_train(
@@ -220,7 +221,7 @@ class Trainer:
     if self.task.translates and self.config.eval.final_split:
       splits.add(self.config.eval.final_split)
     for split in sorted(splits):
-      next(iter(data_tasks.eval_batches(
+      next(iter(task_batches.eval_batches(
           self.config, self.source_tok, self.target_tok, split,
           process_index=jax.process_index(), share=self.share,
           token_cache=self.token_cache)), None)
@@ -330,10 +331,10 @@ class Trainer:
     state = self.initial_state()
     start_step = int(state.step)
     shardings = jax.tree.map(lambda x: x.sharding, state)
-    batches = data_tasks.train_batches(
+    batches = task_batches.train_batches(
         config, self.source_tok, self.target_tok, start_step=start_step,
         process_index=jax.process_index(), share=self.share,
-        row_multiple=data_tasks.row_multiple(config, self.share.num_shards),
+        row_multiple=task_batches.row_multiple(config, self.share.num_shards),
         token_cache=self.token_cache)
     writer = MetricsWriter(self.workdir, enabled=self.is_main)
     measure_at = self._budget_measure_step(start_step)
@@ -361,7 +362,7 @@ class Trainer:
     else:
       self.log(f'Training steps {start_step + 1}-{train.num_steps} in '
                f'{self.workdir} (the first step compiles first).')
-    with parallel.activate(self.mesh, self.rules):
+    with mesh_lib.activate(self.mesh, self.rules):
       step_fn = self._compile_step(shardings)
       # Steps run ahead of the host by at most one: before step n + 1 is
       # dispatched, step n - 1 has finished (its metrics are fetched). So a
@@ -371,7 +372,7 @@ class Trainer:
       step, mark = start_step, None
       while step < train.num_steps:
         local = next(batches)
-        state, metrics = step_fn(state, parallel.global_batch(local, self.mesh))
+        state, metrics = step_fn(state, mesh_lib.global_batch(local, self.mesh))
         step += 1
         out_of_time = self.budget.spent(step)
         last = step == train.num_steps or out_of_time
@@ -510,7 +511,7 @@ class Trainer:
           self.mesh, jax.tree.map(lambda x: x.sharding, state.params),
           task=self.task, model=self.task.model(self.model_config))
     totals = None
-    batches = data_tasks.eval_batches(
+    batches = task_batches.eval_batches(
         self.config, self.source_tok, self.target_tok, eval_config.split,
         process_index=jax.process_index(), share=self.share,
         token_cache=self.token_cache)
@@ -519,7 +520,7 @@ class Trainer:
         break
       local = {k: v for k, v in local.items() if k != 'example_index'}
       sums = self._eval_fn(state.params,
-                           parallel.global_batch(local, self.mesh))
+                           mesh_lib.global_batch(local, self.mesh))
       totals = sums if totals is None else jax.tree.map(jnp.add, totals, sums)
     metrics = {k: float(np.asarray(v))
                for k, v in jax.device_get(losses.summarise(totals)).items()

@@ -8,11 +8,11 @@ import jax
 import ml_collections
 import numpy as np
 
-from jaxformer import decode
-from jaxformer.data import tasks as data_tasks
+from jaxformer.inference import search
+from jaxformer.data import task_batches
 from jaxformer.data.tokenizer import Tokenizer
 from jaxformer.model import ModelConfig
-from jaxformer.tasks import get_task
+from jaxformer.train.tasks import get_task
 
 
 def predict(params, model_config: ModelConfig, config: ml_collections.ConfigDict,
@@ -24,7 +24,7 @@ def predict(params, model_config: ModelConfig, config: ml_collections.ConfigDict
     raise ValueError(f'`predict` needs a classification or regression run; '
                      f'this workdir trained task={config.task!r} (use '
                      '`jaxformer generate` or `jaxformer translate`).')
-  inputs = data_tasks.pad_token_rows(tokenizer.encode(list(texts)),
+  inputs = task_batches.pad_token_rows(tokenizer.encode(list(texts)),
                                      config.data.max_source_length)
   model = task.model(model_config)
   return task.prediction(jax.jit(model.apply)({'params': params}, **inputs),
@@ -51,7 +51,7 @@ def generate(params, model_config: ModelConfig, config: ml_collections.ConfigDic
   tokens = np.full((len(prompt_ids), width), model_config.pad_id, np.int32)
   for row, ids in enumerate(prompt_ids):
     tokens[row, :len(ids)] = ids
-  samples = decode.sample(params, model_config, tokens,
+  samples = search.sample(params, model_config, tokens,
                           jax.random.PRNGKey(seed), max_decode_len=max_len,
                           temperature=temperature, top_k=top_k, top_p=top_p)
   return tokenizer.decode_batch(np.asarray(samples))

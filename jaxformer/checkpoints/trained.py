@@ -15,13 +15,13 @@ import jax
 import ml_collections
 import optax
 
-from jaxformer import checkpoint as checkpoint_lib
-from jaxformer import exports
-from jaxformer import parallel
-from jaxformer import paths
+from jaxformer.checkpoints import manager as checkpoint_lib
+from jaxformer.checkpoints import exports
+from jaxformer.parallel import mesh as mesh_lib
+from jaxformer.storage import paths
 from jaxformer.data.tokenizer import Tokenizer, from_serialized
 from jaxformer.model import config as model_config_lib
-from jaxformer.tasks import Task, get_task
+from jaxformer.train.tasks import Task, get_task
 from jaxformer.train.state import state_shardings
 
 
@@ -62,7 +62,7 @@ def abstract_params(config: ml_collections.ConfigDict, mesh):
 def local_mesh():
   """All of this process's devices on the data axis: how commands hold a
   trained model."""
-  return parallel.make_mesh({'data': -1}, jax.local_devices())
+  return mesh_lib.make_mesh({'data': -1}, jax.local_devices())
 
 
 def tokenizers_from_extra(extra: dict) -> list[Tokenizer]:

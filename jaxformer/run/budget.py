@@ -12,7 +12,7 @@ import jax
 import numpy as np
 from jax.experimental import multihost_utils
 
-from jaxformer import paths
+from jaxformer.storage import paths
 
 STEPS_FILE = 'budget_steps.json'
 

@@ -1,6 +1,6 @@
 """Where training metrics go: DIR/metrics.jsonl (one JSON object per line),
 TensorBoard events under DIR/tensorboard, and the terminal. DIR may be local
-or on cloud storage (see jaxformer.paths). On cloud storage each file is a
+or on cloud storage (see jaxformer.storage.paths). On cloud storage each file is a
 series of objects appended to (`paths.AppendableFile`: metrics.jsonl.00000,
 ...; TensorBoard reads the event parts of a directory in name order), read
 back as one stream by `read_metrics`."""
@@ -12,12 +12,12 @@ import time
 
 import numpy as np
 
-from jaxformer import paths
+from jaxformer.storage import paths
 
 
 class EventFile:
   """A TensorBoard event file of scalars: TFRecords of `Event` protos (the
-  protos and CRC of tensorboardX), written through jaxformer.paths."""
+  protos and CRC of tensorboardX), written through jaxformer.storage.paths."""
 
   def __init__(self, directory: str):
     from tensorboardX.proto import event_pb2, summary_pb2

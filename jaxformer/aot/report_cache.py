@@ -16,8 +16,8 @@ import json
 import os
 import pathlib
 
-from jaxformer import compilation_cache
-from jaxformer import paths
+from jaxformer.runtime import compilation_cache
+from jaxformer.storage import paths
 
 FOLDER = 'jaxformer-compile'
 REPORT_CODE = ('aot.py', 'hlo.py')

@@ -27,10 +27,10 @@ from jaxformer.model import backend, cpu_kernels
 from jaxformer.model.attention import (repeat_cache_for_beams,
                                        select_beam_histories)
 from jaxformer.model.config import ModelConfig
-from jaxformer.model.decoding import (StepFn, encoder_outputs, init_cache,
+from jaxformer.model.incremental import (StepFn, encoder_outputs, init_cache,
                                       init_lm_cache, lm_step_fn,
                                       translation_step_fn)
-from jaxformer.token_ids import EOS_ID, PAD_ID  # EOS_ID: re-exported.
+from jaxformer.data.token_ids import EOS_ID, PAD_ID  # EOS_ID: re-exported.
 
 NEG_INF = -np.inf
 # Defaults of the `decode` config section and of the searches.

@@ -9,8 +9,8 @@ import numpy as np
 import sacrebleu
 from jax.experimental import multihost_utils
 
-from jaxformer import decode
-from jaxformer import parallel
+from jaxformer.inference import search
+from jaxformer.parallel import mesh as mesh_lib
 from jaxformer.data import pipeline
 from jaxformer.data import sources
 from jaxformer.data.tokenizer import Tokenizer
@@ -41,9 +41,9 @@ def decode_tokens(params, model_config: ModelConfig, inputs, *,
                   eos_id: int | None = None) -> jax.Array:
   """Best translation's tokens [batch, max_decode_len] (greedy if beam 1)."""
   if beam_size <= 1:
-    return decode.greedy_decode(params, model_config, inputs,
+    return search.greedy_decode(params, model_config, inputs,
                                 max_decode_len=max_decode_len, eos_id=eos_id)
-  tokens, _ = decode.beam_search(params, model_config, inputs,
+  tokens, _ = search.beam_search(params, model_config, inputs,
                                  beam_size=beam_size, alpha=alpha,
                                  max_decode_len=max_decode_len, eos_id=eos_id)
   return tokens[:, 0]
@@ -80,8 +80,8 @@ def encode_sources(source_tok: Tokenizer, sentences: Sequence[str],
 
 def translate(params, model_config: ModelConfig, source_tok: Tokenizer,
               target_tok: Tokenizer, sentences: Iterable[str], *,
-              beam_size: int = decode.BEAM_SIZE, alpha: float = decode.ALPHA,
-              max_extra_len: int = decode.MAX_EXTRA_LEN,
+              beam_size: int = search.BEAM_SIZE, alpha: float = search.ALPHA,
+              max_extra_len: int = search.MAX_EXTRA_LEN,
               batch_size: int = 64, max_source_length: int | None = None,
               on_too_long: str = 'truncate',
               warn=print) -> Iterator[str]:
@@ -105,7 +105,7 @@ def translate(params, model_config: ModelConfig, source_tok: Tokenizer,
                      np.int32)
     padded[:len(rows)] = rows
     longest = int((rows != model_config.pad_id).sum(1).max(initial=0))
-    decode_len = decode.decode_length(longest, max_extra_len,
+    decode_len = search.decode_length(longest, max_extra_len,
                                       model_config.max_len, multiple=16)
     tokens = np.asarray(decode_tokens(params, model_config, padded,
                                       beam_size=beam_size, alpha=alpha,
@@ -149,21 +149,21 @@ def decode_split(params, model_config: ModelConfig,
   if max_examples:
     references = references[:max_examples]
   hypotheses: dict[int, str] = {}
-  decode_len = decode.decode_length(config.data.max_target_length,
+  decode_len = search.decode_length(config.data.max_target_length,
                                     config.decode.max_extra_len,
                                     model_config.max_len)
-  params = parallel.gathered(params, 'fsdp')  # Once, not at every token.
+  params = mesh_lib.gathered(params, 'fsdp')  # Once, not at every token.
   batch_rows = mesh.shape['data'] * mesh.shape['fsdp']
   batch_size = math.ceil(config.decode.batch_size / batch_rows) * batch_rows
   batches = pipeline.translation_eval_batches(
       config.data, source_tok, target_tok, split,
       batch_size=batch_size, process_index=jax.process_index(),
-      share=parallel.row_share(mesh))
+      share=mesh_lib.row_share(mesh))
   for local in batches:
     # The pipeline pads with 0 (segment id 0); decoding wants the pad id.
     source_rows = np.where(local['inputs_segment_ids'] > 0, local['inputs'],
                            model_config.pad_id).astype(np.int32)
-    inputs = parallel.global_batch({'inputs': source_rows,
+    inputs = mesh_lib.global_batch({'inputs': source_rows,
                                     'index': local['example_index']}, mesh)
     tokens = decode_tokens(params, model_config, inputs['inputs'],
                            beam_size=beam_size, alpha=alpha,

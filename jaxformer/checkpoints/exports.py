@@ -4,9 +4,9 @@ run's checkpoints. Like checkpoint.py, it knows only Orbax and `paths`."""
 import jax
 import orbax.checkpoint as ocp
 
-from jaxformer.checkpoint import (Checkpointer, CheckpointError,
+from jaxformer.checkpoints.manager import (Checkpointer, CheckpointError,
                                   make_workdir, short_error)
-from jaxformer import paths
+from jaxformer.storage import paths
 
 EXPORT_FORMAT = 'jaxformer-params-1'
 

@@ -6,8 +6,8 @@ import os
 import sys
 import traceback
 
-from jaxformer import exiting
-from jaxformer import paths
+from jaxformer.cli import exiting
+from jaxformer.storage import paths
 
 USAGE_OVERRIDES = ('Config overrides: --config.KEY=VALUE (e.g. '
                    '--config.train.num_steps=2000).')
@@ -16,7 +16,7 @@ USAGE_OVERRIDES = ('Config overrides: --config.KEY=VALUE (e.g. '
 def _number(kind, allowed_name: str):
   """An argparse type: a `kind` number in config_ranges' `allowed_name`."""
   def parse(text: str):
-    from jaxformer import config_ranges
+    from jaxformer.config import ranges as config_ranges
     allowed = getattr(config_ranges, allowed_name)
     try:
       value = kind(text)
@@ -43,9 +43,9 @@ def _split_overrides(argv):
 
 
 def cmd_train(args, overrides) -> int:
-  from jaxformer.checkpoint import make_workdir
-  from jaxformer.config import load_config
-  from jaxformer.train.loop import StopRequested, Trainer
+  from jaxformer.checkpoints.manager import make_workdir
+  from jaxformer.config.settings import load_config
+  from jaxformer.run.trainer import StopRequested, Trainer
   with StopRequested() as stop:  # A signal during setup ends it cleanly.
     config = load_config(args.config, overrides)
     make_workdir(args.workdir)
@@ -61,7 +61,7 @@ def cmd_train(args, overrides) -> int:
 def report_translation(trainer) -> None:
   """After training: test-split scores, a few examples, and what next.
   Every process decodes its share; process 0 prints and writes."""
-  from jaxformer import evaluate
+  from jaxformer.inference import evaluate
   config = trainer.config
   split = config.eval.final_split
   if not split:
@@ -114,9 +114,9 @@ def load_trained(args, overrides):
   `overrides` applied: keys that leave the model as trained (decode.*,
   eval.*, the data files...), as a resumed run may change them."""
   import dataclasses
-  from jaxformer import checkpoint as checkpoint_lib
-  from jaxformer import config as config_lib
-  from jaxformer import trained
+  from jaxformer.checkpoints import manager as checkpoint_lib
+  from jaxformer.config import settings as config_lib
+  from jaxformer.checkpoints import trained
   model = trained.load(args.workdir, args.checkpoint)
   if not overrides:
     return model
@@ -142,7 +142,7 @@ def load_translator(args, overrides):
 
 
 def cmd_translate(args, overrides) -> int:
-  from jaxformer import evaluate
+  from jaxformer.inference import evaluate
   model = load_translator(args, overrides)
   config = model.config
   stream = input_lines(args)
@@ -163,7 +163,7 @@ def cmd_translate(args, overrides) -> int:
 
 def cmd_predict(args, overrides) -> int:
   """Classification: one label per stdin line; regression: its value(s)."""
-  from jaxformer import predict
+  from jaxformer.inference import predict
   model = load_trained(args, overrides)
   lines = list(input_lines(args))
   for start in range(0, len(lines), args.batch_size):
@@ -176,7 +176,7 @@ def cmd_predict(args, overrides) -> int:
 
 
 def cmd_generate(args, overrides) -> int:
-  from jaxformer import predict
+  from jaxformer.inference import predict
   model = load_trained(args, overrides)
   for text in predict.generate(
       model.params, model.model_config, model.config, model.target_tok,
@@ -188,8 +188,8 @@ def cmd_generate(args, overrides) -> int:
 
 
 def cmd_evaluate(args, overrides) -> int:
-  from jaxformer import evaluate
-  from jaxformer import trained
+  from jaxformer.inference import evaluate
+  from jaxformer.checkpoints import trained
   model = load_translator(args, overrides)
   scores, hypotheses = evaluate.decode_split(
       model.params, model.model_config, model.config, model.source_tok,
@@ -202,7 +202,7 @@ def cmd_evaluate(args, overrides) -> int:
 
 
 def cmd_average(args, overrides) -> int:
-  from jaxformer import trained
+  from jaxformer.checkpoints import trained
   steps = trained.average(args.workdir, args.last, args.out)
   print(f'Wrote the mean parameters of steps {steps} to {args.out}; use it '
         f'like a workdir: jaxformer translate --workdir {args.out}')
@@ -225,7 +225,7 @@ def cmd_export(args, overrides) -> int:
     from jaxformer.interop import ct2, folders
     ct2.check_quantization(args.quantization)
     folders.check_new(args.out)
-  from jaxformer import trained
+  from jaxformer.checkpoints import trained
   if args.format == 'jaxformer':
     step = trained.export(args.workdir, args.out, args.checkpoint)
     print(f'Wrote the parameters of step {step} to {args.out}; use it like a '
@@ -248,7 +248,7 @@ def cmd_export(args, overrides) -> int:
 
 
 def cmd_import(args, overrides) -> int:
-  from jaxformer.config import default_config
+  from jaxformer.config.settings import default_config
   from jaxformer.interop import marian
   config = marian.import_folder(args.from_, args.out, default_config(),
                                 warn=marian.main_warn)
@@ -258,15 +258,17 @@ def cmd_import(args, overrides) -> int:
 
 def cmd_attention(args, overrides) -> int:
   import numpy as np
-  from jaxformer import decode, evaluate, plots
+  from jaxformer.inference import search
+  from jaxformer.inference import evaluate
+  from jaxformer.inference import plots
   model = load_translator(args, overrides)
   config, model_config = model.config, model.model_config
   source_tok, target_tok = model.source_tok, model.target_tok
   rows, _ = evaluate.encode_sources(source_tok, [args.src],
                                     config.data.max_source_length)
-  tokens, weights = decode.greedy_decode(
+  tokens, weights = search.greedy_decode(
       model.params, model_config, rows, return_attention=True,
-      max_decode_len=decode.decode_length(
+      max_decode_len=search.decode_length(
           rows.shape[1], config.decode.max_extra_len, model_config.max_len))
   tokens, weights = np.asarray(tokens[0]), np.asarray(weights[0])
   if not 0 <= args.layer < weights.shape[0]:
@@ -290,8 +292,8 @@ def cmd_attention(args, overrides) -> int:
 
 
 def cmd_curves(args, overrides) -> int:
-  from jaxformer import plots
-  from jaxformer.train.metrics import has_metrics, metrics_path, read_metrics
+  from jaxformer.inference import plots
+  from jaxformer.run.metrics import has_metrics, metrics_path, read_metrics
   if not has_metrics(args.workdir):
     raise FileNotFoundError(f'{metrics_path(args.workdir)} does not exist; is '
                             f'{args.workdir} a training workdir?')
@@ -303,8 +305,8 @@ def cmd_curves(args, overrides) -> int:
 def cmd_compile(args, overrides) -> int:
   """Compiles the run's programs for a TPU topology; non-zero if one does
   not fit in HBM."""
-  from jaxformer import aot
-  from jaxformer.config import load_config
+  from jaxformer.aot import compile_run as aot
+  from jaxformer.config.settings import load_config
   config = load_config(args.config, overrides)
   kinds = tuple(k.strip() for k in args.programs.split(',')
                 if k.strip() not in ('', 'none'))
@@ -480,7 +482,7 @@ def main(argv=None) -> int:
     return 2
   cache = None
   if args.command not in ('curves', 'average', 'export'):
-    from jaxformer import compilation_cache
+    from jaxformer.runtime import compilation_cache
     cache = compilation_cache.enable(  # Before anything compiles.
         jax_cache=args.command != 'compile')
     if args.command in ('train', 'compile'):

@@ -16,12 +16,12 @@ import ml_collections
 from absl import flags
 from ml_collections import config_flags
 
-from jaxformer import config_ranges
-from jaxformer import decode
-from jaxformer import parallel
-from jaxformer.data.config import default_data_config
+from jaxformer.config import ranges as config_ranges
+from jaxformer.inference import search
+from jaxformer.parallel import mesh as mesh_lib
+from jaxformer.data.defaults import default_data_config
 from jaxformer.model import config as model_config
-from jaxformer.tasks import TASKS
+from jaxformer.train.tasks import TASKS
 
 
 class ConfigError(ValueError):
@@ -59,7 +59,7 @@ def default_config() -> ml_collections.ConfigDict:
   ))
   c.mesh = ml_collections.ConfigDict(dict(
       data=-1, fsdp=1, tensor=1,
-      axis_rules=[list(rule) for rule in parallel.DEFAULT_AXIS_RULES],
+      axis_rules=[list(rule) for rule in mesh_lib.DEFAULT_AXIS_RULES],
   ))
   c.eval = ml_collections.ConfigDict(dict(
       every=1000,  # steps; 0: only at the end
@@ -72,8 +72,8 @@ def default_config() -> ml_collections.ConfigDict:
       average_last=0,
   ))
   c.decode = ml_collections.ConfigDict(dict(
-      beam_size=decode.BEAM_SIZE, alpha=decode.ALPHA,
-      max_extra_len=decode.MAX_EXTRA_LEN, batch_size=64))
+      beam_size=search.BEAM_SIZE, alpha=search.ALPHA,
+      max_extra_len=search.MAX_EXTRA_LEN, batch_size=64))
   c.checkpoint = ml_collections.ConfigDict(dict(
       every=1000, keep=3, best_metric='bleu', best_mode='max',
       async_save=True))

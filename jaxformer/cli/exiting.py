@@ -4,7 +4,7 @@ import logging
 import os
 import sys
 
-from jaxformer import paths
+from jaxformer.storage import paths
 
 
 def error_line(error: BaseException) -> str:
