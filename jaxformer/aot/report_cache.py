@@ -7,7 +7,7 @@ but cannot load them back (it has no devices to load them on), so what is
 kept is each program's report, keyed by everything its compile depends on:
 the lowered program (StableHLO with its shardings), the topology, the jax,
 jaxlib and libtpu versions, XLA_FLAGS and LIBTPU_INIT_ARGS, and the code
-that measures it (aot.py, hlo.py).
+that measures it (every module of aot/).
 """
 import dataclasses
 import hashlib
@@ -20,7 +20,6 @@ from jaxformer.runtime import compilation_cache
 from jaxformer.storage import paths
 
 FOLDER = 'jaxformer-compile'
-REPORT_CODE = ('aot.py', 'hlo.py')
 
 
 def _version(package: str) -> str:
@@ -38,7 +37,7 @@ def key(lowered_text: str, program, topology_name: str,
            topology_name, _version('jax'), _version('jaxlib'),
            _version('libtpu'), environ.get('XLA_FLAGS', ''),
            environ.get('LIBTPU_INIT_ARGS', '')]
-  parts += [(here / name).read_text() for name in REPORT_CODE]
+  parts += [path.read_text() for path in sorted(here.glob('*.py'))]
   digest = hashlib.sha256()
   for part in parts:
     digest.update(part.encode())
