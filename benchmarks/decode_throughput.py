@@ -14,7 +14,7 @@ per core, side by side (`cpu_kernels.default_batch_parts`; `--batch_parts
 1` decodes it in one piece). The machine's load average is printed too: on
 a shared CPU, wall time depends on it.
 
-Models: 'small' (that of the README's earlier jaxformer-only row: `--models
+Models: 'small' (that of docs/performance.md's jaxformer-only row: `--models
 small --engines jaxformer --source_len 64`), 'quickstart' (its
 config; `--workdir` of a trained quick start run uses its weights and test
 sentences, and also prints how many greedy outputs CTranslate2 reproduces),

@@ -7,7 +7,7 @@ on the architecture and batches train_throughput.py gives it.
 This file imports nothing of jaxformer, so that run as its own process
 (`--serve`, as train_throughput.py does) the step runs as in Flax's own
 program, on the process defaults: `import jaxformer` sets the host's malloc
-(jaxformer/host_memory.py), which would speed up Flax's step too.
+(jaxformer/runtime/host_memory.py), which would speed up Flax's step too.
 
   python benchmarks/flax_wmt_step.py --serve DIR --model JSON --rows R \
       --source_length S --target_length T

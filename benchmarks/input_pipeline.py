@@ -33,7 +33,7 @@ must name a running one.
 
 Peak memory is ru_maxrss of the process (it includes the memory-mapped
 token pages it touched).  Other work on the machine slows every phase:
-README's figures were taken with nothing else running.
+The figures in docs/performance.md were taken with nothing else running.
 
   python benchmarks/input_pipeline.py [--pairs 5000000] [--workdir DIR]
   python benchmarks/input_pipeline.py --pairs 200000 --emulator \

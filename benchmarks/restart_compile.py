@@ -1,5 +1,5 @@
 """A restart's time to its first steps, with and without the persistent
-compilation cache (jaxformer/compilation_cache.py), side by side.
+compilation cache (jaxformer/runtime/compilation_cache.py), side by side.
 
   python3 benchmarks/restart_compile.py --config configs/quickstart.py
   python3 benchmarks/restart_compile.py --config configs/quickstart.py \

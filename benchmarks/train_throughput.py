@@ -12,7 +12,8 @@ batch (benchmarks/flax_wmt_step.py), twice:
   flax_wmt             in a process of its own, as Flax's own program runs it;
   flax_wmt_in_process  in this process, after `import jaxformer`, which sets
                        the host's malloc for XLA's temporaries
-                       (jaxformer/host_memory.py): the same for both steps.
+                       (jaxformer/runtime/host_memory.py): the same for
+                       both steps.
 
 Two of our steps run beside them: the config as it is ('ours': the paper's
 dropout on embeddings and residuals, post-LayerNorm), and the same with

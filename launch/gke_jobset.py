@@ -33,7 +33,7 @@ TPU_FAMILIES = {
     'v5p': ('tpu-v5p-slice', 4, True),
     'v6e': ('tpu-v6e-slice', 4, False),
 }
-# Chips -> slice shape (GKE's gke-tpu-topology), as in jaxformer/aot.py.
+# Chips -> slice shape (GKE's gke-tpu-topology), as in jaxformer/aot/compile_run.py.
 GRIDS_3D = {4: '2x2x1', 8: '2x2x2', 16: '2x2x4', 32: '2x4x4', 64: '4x4x4',
             256: '4x8x8'}
 GRIDS_2D = {1: '1x1', 4: '2x2', 8: '2x4', 16: '4x4', 32: '4x8', 64: '8x8',

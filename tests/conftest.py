@@ -18,8 +18,9 @@ os.environ.setdefault('JAX_PLATFORMS', 'cpu')
 # TensorFlow, at its first remote path; the emulator (gcs_emulator below)
 # needs fsspec/gcsfs, so the choice is made here, before any test runs.
 os.environ.setdefault('EPATH_USE_TF', 'false')
-# The commands' persistent compilation cache (jaxformer/compilation_cache.py)
-# stays out of the user's ~/.cache; test_compilation_cache turns it on.
+# The commands' persistent compilation cache
+# (jaxformer/runtime/compilation_cache.py) stays out of the user's ~/.cache;
+# test_compilation_cache turns it on.
 os.environ.setdefault('JAXFORMER_COMPILATION_CACHE', 'off')
 
 

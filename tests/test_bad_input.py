@@ -2,6 +2,7 @@
 one clear line of error and nothing lost."""
 import os
 import pathlib
+import re
 import subprocess
 import sys
 
@@ -11,6 +12,10 @@ from jaxformer.cli import main as cli
 from jaxformer.data import builtin
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
+# `data/test_sources.py::test_empty_file` (under tests/), `tests/test_gcs.py`.
+TEST_REFERENCE = re.compile(r'`(?:tests/)?([\w/]+\.py)::(\w+)`')
+TEST_FILE = re.compile(r'`(tests/[\w/]+\.py)`')
+MODULE_FILE = re.compile(r'`(jaxformer/[\w/]+\.py)')
 
 
 @pytest.fixture(scope='module')
@@ -80,12 +85,29 @@ def test_a_negative_step_count_is_an_error_not_an_empty_run(tmp_path, capfd):
   assert not (tmp_path / 'run').exists()
 
 
-def test_every_test_named_in_the_readme_fault_table_exists():
-  text = (ROOT / 'README.md').read_text()
-  table = text.split('### What happens on each fault')[1].split('\n## ')[0]
-  named = [cell.strip().strip('`') for row in table.splitlines() if row.startswith('| ')
-           for cell in row.split('|')[3].split(', ') if '::' in cell]
-  assert len(named) > 20
-  for reference in named:
-    path, name = reference.split('::')
-    assert f'def {name}(' in (ROOT / 'tests' / path).read_text(), reference
+def doc_pages() -> dict[pathlib.Path, str]:
+  """The text of README.md and every other page of documentation."""
+  pages = [ROOT / 'README.md', ROOT / 'ARCHITECTURE.md',
+           ROOT / 'launch' / 'README.md', *sorted((ROOT / 'docs').glob('*.md')),
+           *sorted((ROOT / 'benchmarks').glob('*.md'))]
+  return {page.relative_to(ROOT): page.read_text() for page in pages}
+
+
+def test_every_test_named_in_the_readme_and_docs_exists():
+  """The pages name tests as `file::test` (each row of the fault table has
+  one or more) and test files as `tests/file.py`."""
+  texts = doc_pages()
+  faults = texts[pathlib.Path('docs/faults.md')]
+  assert len(TEST_REFERENCE.findall(faults)) > 20
+  for page, text in texts.items():
+    for path, name in TEST_REFERENCE.findall(text):
+      assert f'def {name}(' in (ROOT / 'tests' / path).read_text(), (
+          f'{page}: {path}::{name}')
+    for path in TEST_FILE.findall(text):
+      assert (ROOT / path).is_file(), f'{page}: {path}'
+
+
+def test_every_module_the_docs_name_exists():
+  for page, text in doc_pages().items():
+    for path in MODULE_FILE.findall(text):
+      assert (ROOT / path).is_file(), f'{page}: {path}'

@@ -1,4 +1,4 @@
-"""The host's malloc keeps what XLA frees (jaxformer/host_memory.py)."""
+"""The host's malloc keeps what XLA frees (jaxformer/runtime/host_memory.py)."""
 import os
 import subprocess
 import sys
