@@ -18,10 +18,10 @@ def test_loading_every_config_imports_no_tensorflow():
   import sys
   script = (
       'import glob, sys\n'
-      'from jaxformer import config\n'
+      'from jaxformer.config import settings\n'
       'from jaxformer.data import tokenizer\n'
       'for path in sorted(glob.glob("configs/*.py")):\n'
-      '  config.load_config(path)\n'
+      '  settings.load_config(path)\n'
       'loaded = sorted(m for m in sys.modules if m.split(".")[0] in '
       '("tensorflow", "tensorflow_datasets"))\n'
       'assert not loaded, loaded\n')
