@@ -515,3 +515,22 @@ def test_local_dry_run_prints_one_command_per_process(fakes):
        f'JAX_PROCESS_ID={i}'] for i in range(2)]
   assert all(c[-len(TRAIN):] == TRAIN for c in commands)
   assert calls() == []
+
+
+@pytest.mark.parametrize('flag, value', [
+    ('--nodes', 'nodes[$(touch {marker})]'),
+    ('--gpus-per-node', 'gpus_per_node[$(touch {marker})]'),
+    ('--nodes', '0'), ('--port', 'port[$(touch {marker})]')])
+def test_slurm_takes_counts_as_numbers_and_runs_no_command_in_them(
+    fakes, tmp_path, flag, value):
+  """Bash arithmetic on '$(...)' in a subscript runs it (even in --dry-run);
+  counts and the port must be positive integers."""
+  env, calls, _ = fakes
+  marker = tmp_path / 'ran'
+  for where in (env, dict(env, **IN_JOB)):
+    result = run([SBATCH, flag, value.format(marker=marker), '--per-gpu',
+                  '--dry-run', '--', *TRAIN], where, check=False)
+    assert not marker.exists()
+    assert result.returncode == 2, result.stdout + result.stderr
+    assert f'{flag} must be a positive integer' in result.stderr
+  assert calls() == []
