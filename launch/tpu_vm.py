@@ -21,6 +21,7 @@ resumes from the last checkpoint, so the workdir must be in a bucket (gs://).
 """
 import argparse
 import os
+import re
 import shlex
 import subprocess
 import sys
@@ -45,6 +46,8 @@ STOPPED = 143  # A worker that exited 0 after a SIGTERM.
 # The jax the test suite last passed with; `jax[tpu]==` pins jaxlib and
 # libtpu to the versions jax was released with.
 TESTED_JAX = '0.10.2'
+# Google Cloud's resource names (RFC 1035 labels).
+NAME = re.compile(r'[a-z]([-a-z0-9]{0,61}[a-z0-9])?')
 
 
 def tested_jax_version() -> str:
@@ -106,6 +109,10 @@ def parse_args(argv):
                       help='after --: the command every worker runs')
   args = parser.parse_args(argv)
   args.command = args.command[1:] if args.command[:1] == ['--'] else args.command
+  if not NAME.fullmatch(args.name):
+    parser.error(f'--name {args.name!r}: a TPU name is 1 to 63 lower-case '
+                 'letters, digits and hyphens, starting with a letter and not '
+                 'ending with a hyphen')
   args.install = args.install or install_command(args.jax_version)
   if not args.command:
     parser.error('give the command to run after --, e.g. -- jaxformer train '
@@ -333,7 +340,10 @@ def train_once(args, gcloud: Gcloud, tarball: str, attach: bool = False
 def main(argv=None) -> int:
   args = parse_args(sys.argv[1:] if argv is None else argv)
   gcloud = Gcloud(args.dry_run)
-  tarball = os.path.join(tempfile.gettempdir(), f'jaxformer-{args.name}.tar.gz')
+  # Built at the first copy, in a folder only this user can enter (mkdtemp),
+  # removed at exit: never a stale or planted file of a shared /tmp.
+  private = tempfile.TemporaryDirectory(prefix='jaxformer-launch-')
+  tarball = os.path.join(private.name, REMOTE_TARBALL)
   code, restarts, detached = 1, 0, False
   try:
     code = train_once(args, gcloud, tarball, attach=args.attach)
@@ -354,6 +364,7 @@ def main(argv=None) -> int:
           'with the same command and --attach; stop it with `'
           f'{shlex.join(delete_command(args))}`.', file=sys.stderr)
   finally:
+    private.cleanup()
     if not (args.keep or detached):
       gcloud(delete_command(args), check=False)
   if code and not detached:

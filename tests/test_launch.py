@@ -54,6 +54,15 @@ def take(key, default):
 verb = sys.argv[4]
 if verb == 'describe':
   print(take('states', 'READY'))
+elif verb == 'scp':  # To every worker's $HOME; and the source folder's mode.
+  import shutil
+  source, target = sys.argv[5], sys.argv[6].split(':', 1)[1]
+  for index in range(int(os.environ['FAKE_WORKERS'])):
+    home = os.path.join(os.environ['FAKE_WORKERS_DIR'], f'worker{index}')
+    os.makedirs(home, exist_ok=True)
+    shutil.copy(source, os.path.join(home, target))
+  with open(os.environ['FAKE_LOG'] + '.scp', 'a') as modes:
+    modes.write(oct(os.stat(os.path.dirname(source)).st_mode & 0o777) + '\\n')
 elif verb == 'ssh':
   command = next(a for a in sys.argv if a.startswith('--command='))[10:]
   if 'pip install' in command:
@@ -201,6 +210,13 @@ def worker_files(env, name):
 FOLLOW = ['--poll-seconds', '0.1']
 
 
+def shipped(env, worker=0) -> list[str]:
+  """The names in the archive that scp copied to a worker."""
+  archive = pathlib.Path(env['FAKE_WORKERS_DIR']) / f'worker{worker}'
+  with tarfile.open(archive / 'jaxformer.tar.gz') as tar:
+    return tar.getnames()
+
+
 def test_tpu_vm_creates_installs_starts_detached_follows_and_deletes(fakes):
   env, calls, _ = fakes
   result = run([*TPU, *FOLLOW, '--', *TRAIN], dict(env, FAKE_TRAIN_SECONDS='1'))
@@ -211,9 +227,8 @@ def test_tpu_vm_creates_installs_starts_detached_follows_and_deletes(fakes):
                     '--version=tpu-ubuntu2204-base', '--spot',
                     '--zone=us-central2-b']
   assert scp[4] == 'scp' and scp[6] == 'tpu1:jaxformer.tar.gz'
-  with tarfile.open(scp[5]) as tar:
-    assert {'pyproject.toml', 'jaxformer/parallel/mesh.py',
-            'configs/quickstart.py'} <= set(tar.getnames())
+  assert {'pyproject.toml', 'jaxformer/parallel/mesh.py',
+          'configs/quickstart.py'} <= set(shipped(env))
   assert '--worker=all' in scp and '--worker=all' in install
   # The workers get the jax (and through jax[tpu], the libtpu) tested here.
   pinned = f"'jax[tpu]=={importlib.metadata.version('jax')}'"
@@ -232,6 +247,35 @@ def test_tpu_vm_creates_installs_starts_detached_follows_and_deletes(fakes):
   assert worker_files(env, 'train.log') == [f'hello from {i}\ndone {i}\n'
                                             for i in range(2)]
   assert worker_files(env, 'exit_code') == ['0\n', '0\n']
+
+
+def test_tpu_vm_ships_a_fresh_private_archive_never_a_planted_one(fakes):
+  """An archive left (or planted by another user) in the shared temporary
+  folder is not what the workers install: each launch builds its own in a
+  folder only its user can enter, and removes it at exit."""
+  env, calls, _ = fakes
+  planted = pathlib.Path(env['TMPDIR']) / 'jaxformer-tpu1.tar.gz'
+  with tarfile.open(planted, 'w:gz') as tar:
+    tar.add(__file__, arcname='planted.py')
+  run([*TPU, *FOLLOW, '--', *TRAIN], env)
+  (scp,) = [c['argv'] for c in calls() if c['argv'][4:5] == ['scp']]
+  assert scp[5] != str(planted)
+  names = shipped(env)
+  assert 'planted.py' not in names and 'jaxformer/parallel/mesh.py' in names
+  assert pathlib.Path(env['FAKE_LOG'] + '.scp').read_text() == '0o700\n'
+  assert not pathlib.Path(scp[5]).parent.exists()
+  assert list(pathlib.Path(env['TMPDIR']).glob('jaxformer-launch-*')) == []
+
+
+@pytest.mark.parametrize('name', ['Tpu1', '1tpu', 'tpu_1', 'tpu-', 'a' * 64,
+                                  '../tpu', ''])
+def test_tpu_vm_names_follow_the_cloud_rules(fakes, name):
+  env, calls, _ = fakes
+  result = run([*TPU[:3], name, *TPU[4:], '--dry-run', '--', *TRAIN], env,
+               check=False)
+  assert result.returncode == 2
+  assert f'--name {name!r}' in result.stderr and 'lower-case' in result.stderr
+  assert calls() == []
 
 
 def test_tpu_vm_training_outlives_dropped_connections(fakes):
