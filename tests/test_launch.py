@@ -531,7 +531,8 @@ def test_local_starts_each_process_with_its_id_and_fake_devices(fakes):
   tasks = sorted((c['env'] for c in calls()),
                  key=lambda e: e['JAX_PROCESS_ID'])
   assert tasks == [
-      {'JAX_COORDINATOR_ADDRESS': '127.0.0.1:4321', 'JAX_NUM_PROCESSES': '3',
+      {'JAX_COORDINATOR_ADDRESS': '127.0.0.1:4321',
+       'JAX_COORDINATOR_BIND_ADDRESS': '127.0.0.1:4321', 'JAX_NUM_PROCESSES': '3',
        'JAX_PROCESS_ID': str(i), 'JAX_PLATFORMS': 'cpu',
        'XLA_FLAGS': '--xla_dump_to=/tmp/x '
                     '--xla_force_host_platform_device_count=2'}
@@ -554,8 +555,9 @@ def test_local_dry_run_prints_one_command_per_process(fakes):
   result = run([LOCAL, '--processes', '2', '--port', '5555', '--dry-run', '--',
                 *TRAIN], env)
   commands = [shlex.split(line) for line in result.stdout.splitlines()]
-  assert [c[:4] for c in commands] == [
-      ['env', 'JAX_COORDINATOR_ADDRESS=127.0.0.1:5555', 'JAX_NUM_PROCESSES=2',
+  assert [c[:5] for c in commands] == [
+      ['env', 'JAX_COORDINATOR_ADDRESS=127.0.0.1:5555',
+       'JAX_COORDINATOR_BIND_ADDRESS=127.0.0.1:5555', 'JAX_NUM_PROCESSES=2',
        f'JAX_PROCESS_ID={i}'] for i in range(2)]
   assert all(c[-len(TRAIN):] == TRAIN for c in commands)
   assert calls() == []
