@@ -230,10 +230,13 @@ def test_tpu_vm_creates_installs_starts_detached_follows_and_deletes(fakes):
   assert {'pyproject.toml', 'jaxformer/parallel/mesh.py',
           'configs/quickstart.py'} <= set(shipped(env))
   assert '--worker=all' in scp and '--worker=all' in install
-  # The workers get the jax (and through jax[tpu], the libtpu) tested here.
+  # The workers get the jax (and through jax[tpu], the libtpu) tested here,
+  # and every other package at the version of launch/constraints.txt.
   pinned = f"'jax[tpu]=={importlib.metadata.version('jax')}'"
   assert 'pip install' in install[-2] and pinned in install[-2]
   assert ' -U ' not in install[-2]
+  assert ' -c ~/jaxformer/launch/constraints.txt ' in install[-2]
+  assert 'launch/constraints.txt' in shipped(env)
   assert start[4:7] == ['ssh', 'tpu1', '--worker=all']
   assert 'nohup setsid bash -c' in start[7]
   assert 'cd ~/jaxformer && ' + shlex.join(TRAIN) in shlex.split(
@@ -314,9 +317,7 @@ def test_tpu_vm_can_stop_following_and_attach_again(fakes):
 
 
 def test_tpu_vm_combines_the_workers_states():
-  spec = importlib.util.spec_from_file_location('tpu_vm', LAUNCH / 'tpu_vm.py')
-  tpu_vm = importlib.util.module_from_spec(spec)
-  spec.loader.exec_module(tpu_vm)
+  tpu_vm = load_launcher('tpu_vm')
   output = ('Using ssh batch size of 1.\n[worker 0] jaxformer-status exited 0\n'
             'jaxformer-status  running\n')
   assert tpu_vm.worker_states(output) == ['exited 0', 'running']
@@ -383,10 +384,42 @@ def test_tpu_vm_restarts_need_a_bucket_workdir(fakes):
   assert calls() == []
 
 
+def load_launcher(name: str):
+  spec = importlib.util.spec_from_file_location(name, LAUNCH / f'{name}.py')
+  module = importlib.util.module_from_spec(spec)
+  spec.loader.exec_module(module)
+  return module
+
+
+def test_worker_installs_are_pinned_to_the_tested_environment(fakes, tmp_path):
+  """launch/constraints.py writes every package of jaxformer's dependency
+  closure (and jax[tpu]'s) at its version here; the committed file pins the
+  same packages, and the jax that --jax-version defaults to."""
+  pytest.importorskip('libtpu')  # jax[tpu] needs it.
+  generator, tpu_vm = load_launcher('constraints'), load_launcher('tpu_vm')
+  written = tmp_path / 'constraints.txt'
+  run([sys.executable, LAUNCH / 'constraints.py', '--output', written], fakes[0])
+  pins = tpu_vm.pinned_versions(str(written))
+  for name in ('jax', 'jaxlib', 'flax', 'orbax-checkpoint', 'numpy',
+               'sentencepiece', 'protobuf', 'libtpu'):
+    assert pins[name] == importlib.metadata.version(name), name
+  direct = [r.name.lower() for r in generator.roots(REPO / 'pyproject.toml')
+            if generator.applies(r, frozenset())]
+  committed = tpu_vm.pinned_versions(str(LAUNCH / 'constraints.txt'))
+  assert set(direct) <= set(committed) and 'jaxlib' in committed
+  assert tpu_vm.parse_args(['--name', 'a', '--zone', 'z', '--accelerator-type',
+                            'v4-8', '--runtime-version', 'r', '--',
+                            *TRAIN]).jax_version == committed['jax']
+  other = run([*TPU, '--jax-version', '0.0.1', '--dry-run', '--', *TRAIN],
+              fakes[0], check=False)
+  assert other.returncode == 2 and 'launch/constraints.py' in other.stderr
+
+
 # ---------------------------------------------------------------- GKE JobSet
 
+DIGEST = 'sha256:' + '0123456789abcdef' * 4
 GKE = [sys.executable, LAUNCH / 'gke_jobset.py', '--name', 'run', '--image',
-       'jaxformer:test']
+       f'jaxformer@{DIGEST}']
 
 
 def jobset(text):
@@ -425,7 +458,8 @@ def test_gke_tpu_jobset_has_one_pod_per_host_of_the_slice(
           'v4': 'tpu-v4-podslice'}[topology.chip.kind],
       'cloud.google.com/gke-tpu-topology': topology.grid,
       'cloud.google.com/gke-spot': 'true'}
-  assert container['command'] == TRAIN and container['image'] == 'jaxformer:test'
+  assert container['command'] == TRAIN
+  assert container['image'] == f'jaxformer@{DIGEST}'
   assert calls() == []
 
 
@@ -448,6 +482,28 @@ def test_gke_gpu_pods_find_their_coordinator_and_ids(fakes):
       config_lib.default_config().distributed, pod_env)
   assert (arguments['coordinator_address'], arguments['num_processes'],
           arguments['process_id']) == ('run-workers-0-0.run:1234', 2, 1)
+
+
+def test_gke_images_are_pinned_by_digest(fakes):
+  """A tag can be moved to another image between two restarts of the
+  JobSet: it works, with a warning; a digest is what the manifest holds."""
+  env, calls, _ = fakes
+  command = [*GKE, '--gpu-type', 'nvidia-h100-80gb', '--dry-run', '--',
+             *TRAIN]
+  pinned = run(command, env)
+  assert jobset(pinned.stdout)[1]['containers'][0]['image'] == (
+      f'jaxformer@{DIGEST}')
+  assert 'warning' not in pinned.stderr
+  tagged = run([*command[:5], 'us-docker.pkg.dev/p/r/jaxformer:v1',
+                *command[6:]], env)
+  assert 'warning: --image us-docker.pkg.dev/p/r/jaxformer:v1 is a tag' in (
+      tagged.stderr)
+  assert jobset(tagged.stdout)[1]['containers'][0]['image'] == (
+      'us-docker.pkg.dev/p/r/jaxformer:v1')
+  for bad in ('jaxformer@sha256:0123', 'jaxformer@md5:' + '0' * 64):
+    wrong = run([*command[:5], bad, *command[6:]], env, check=False)
+    assert wrong.returncode == 2 and f'--image {bad!r}' in wrong.stderr
+  assert calls() == []
 
 
 def test_gke_rejects_an_unknown_slice_in_one_line(fakes):
