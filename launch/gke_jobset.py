@@ -3,7 +3,7 @@
 and applies it with `kubectl apply -f -`.
 
   launch/gke_jobset.py --name q --accelerator-type v5litepod-16 \\
-      --image us-docker.pkg.dev/PROJECT/REPO/jaxformer:TAG -- \\
+      --image us-docker.pkg.dev/PROJECT/REPO/jaxformer@sha256:DIGEST -- \\
       jaxformer train --config configs/quickstart.py --workdir gs://BUCKET/runs/q
 
 One pod per host, each one JAX process: a TPU slice's pods are scheduled
@@ -15,11 +15,14 @@ JobSet's headless service) and JAX_NUM_PROCESSES; their process id is the
 Indexed Job's JOB_COMPLETION_INDEX (jaxformer.parallel.mesh). A failed or
 preempted pod restarts the whole JobSet (up to --max-restarts times), which
 resumes from the last checkpoint, so the workdir must be one every pod sees
-(gs://). The image must have jaxformer installed (pip install
-'jaxformer[tpu]' for TPUs). --dry-run prints the manifest instead.
+(gs://). The image must have jaxformer installed (pip install -c
+launch/constraints.txt '.[tpu]' for TPUs), and is named by its digest,
+which, unlike a tag, cannot come to mean another image between two
+restarts. --dry-run prints the manifest instead.
 """
 import argparse
 import json
+import re
 import subprocess
 import sys
 
@@ -39,6 +42,7 @@ GRIDS_3D = {4: '2x2x1', 8: '2x2x2', 16: '2x2x4', 32: '2x4x4', 64: '4x4x4',
 GRIDS_2D = {1: '1x1', 4: '2x2', 8: '2x4', 16: '4x4', 32: '4x8', 64: '8x8',
             128: '8x16', 256: '16x16'}
 CONTAINER = 'jaxformer'
+DIGEST = re.compile(r'[^@\s]+@sha256:[0-9a-f]{64}')
 GPU_PORT = 1234  # The coordinator's port on GPU pod 0.
 
 
@@ -72,7 +76,8 @@ def parse_args(argv):
   parser.add_argument('--name', required=True,
                       help='JobSet name (lower case letters, digits, -)')
   parser.add_argument('--image', required=True,
-                      help='container image with jaxformer installed')
+                      help='container image with jaxformer installed, by '
+                           'digest: NAME@sha256:<64 hex digits>')
   parser.add_argument('--accelerator-type',
                       help='TPU slice, e.g. v4-16, v5litepod-16, v5p-64')
   parser.add_argument('--gpu-type', help='GPU nodes instead, e.g. '
@@ -95,6 +100,7 @@ def parse_args(argv):
   if not args.command:
     parser.error('give the command to run after --, e.g. -- jaxformer train '
                  '--config configs/quickstart.py --workdir gs://bucket/run')
+  check_image(parser, args.image)
   if bool(args.accelerator_type) == bool(args.gpu_type):
     parser.error('give either --accelerator-type (a TPU slice) or --gpu-type')
   if args.accelerator_type:
@@ -108,6 +114,20 @@ def parse_args(argv):
           'each pod would keep its own checkpoints, lost at a restart. Use '
           'gs://...', file=sys.stderr)
   return args
+
+
+def check_image(parser, image: str) -> None:
+  """A digest passes; a tag draws a warning; anything else after '@' is
+  an error."""
+  if DIGEST.fullmatch(image):
+    return
+  if '@' in image:
+    parser.error(f'--image {image!r}: a digest is NAME@sha256: and 64 '
+                 'lower-case hex digits')
+  print(f'gke_jobset.py: warning: --image {image} is a tag, which may point '
+        'to another image by the next restart; pass NAME@sha256:DIGEST '
+        "(gcloud artifacts docker images describe IMAGE "
+        "--format='value(image_summary.digest)').", file=sys.stderr)
 
 
 def pod_spec(args) -> tuple[int, dict]:

@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Runs one command as N processes of a multi-process JAX job on this machine:
-# each process sees D fake CPU devices and joins a coordinator on 127.0.0.1.
+# each process sees D fake CPU devices and joins a coordinator that listens
+# on 127.0.0.1 only.
 # The same code path as a pod slice or a SLURM job, without the hardware.
 #
 #   launch/local.sh --processes 2 --devices 2 -- \
@@ -41,9 +42,10 @@ if (( $# == 0 )); then
   echo 'local.sh: no command; put it after --, e.g. -- jaxformer train ...' >&2
   exit 2
 fi
-if ! [[ $processes =~ ^[1-9][0-9]*$ && $devices =~ ^[1-9][0-9]*$ ]]; then
-  echo "local.sh: --processes and --devices must be positive integers," \
-       "got $processes and $devices" >&2
+if ! [[ $processes =~ ^[1-9][0-9]*$ && $devices =~ ^[1-9][0-9]*$ &&
+        $port =~ ^([1-9][0-9]*)?$ ]]; then
+  echo "local.sh: --processes, --devices and --port must be positive" \
+       "integers, got $processes, $devices and '$port'" >&2
   exit 2
 fi
 if [[ -z $port ]]; then
@@ -63,6 +65,7 @@ process_command() {  # Sets `command`: process $1 running the rest.
   local id=$1
   shift
   command=(env "JAX_COORDINATOR_ADDRESS=127.0.0.1:$port"
+           "JAX_COORDINATOR_BIND_ADDRESS=127.0.0.1:$port"
            "JAX_NUM_PROCESSES=$processes" "JAX_PROCESS_ID=$id"
            JAX_PLATFORMS=cpu "XLA_FLAGS=$xla_flags" "$@")
 }

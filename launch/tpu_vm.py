@@ -6,7 +6,9 @@
       jaxformer train --config configs/quickstart.py --workdir gs://bucket/runs/q
 
 Steps: create the VM; copy this checkout to every worker and install it (with
-jax[tpu] pinned to the jax this checkout was tested with); start the command
+jax[tpu] pinned to the jax this checkout was tested with, and every other
+package to launch/constraints.txt, the versions of the tested environment,
+written by launch/constraints.py); start the command
 on every worker at once, detached (each host is one JAX process; `jaxformer
 train` finds the others through the TPU metadata); stream worker 0's log and
 poll every worker until all have finished; delete the VM.
@@ -21,6 +23,7 @@ resumes from the last checkpoint, so the workdir must be in a bucket (gs://).
 """
 import argparse
 import os
+import re
 import shlex
 import subprocess
 import sys
@@ -29,7 +32,9 @@ import tempfile
 import time
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-PACKAGE_PATHS = ('pyproject.toml', 'README.md', 'jaxformer', 'configs')
+PACKAGE_PATHS = ('pyproject.toml', 'README.md', 'jaxformer', 'configs',
+                 'launch/constraints.txt')
+CONSTRAINTS = 'launch/constraints.txt'
 PREEMPTED_STATES = ('PREEMPTED', 'TERMINATED')
 REMOTE_DIR = '~/jaxformer'
 REMOTE_TARBALL = 'jaxformer.tar.gz'
@@ -45,14 +50,30 @@ STOPPED = 143  # A worker that exited 0 after a SIGTERM.
 # The jax the test suite last passed with; `jax[tpu]==` pins jaxlib and
 # libtpu to the versions jax was released with.
 TESTED_JAX = '0.10.2'
+# Google Cloud's resource names (RFC 1035 labels).
+NAME = re.compile(r'[a-z]([-a-z0-9]{0,61}[a-z0-9])?')
+
+
+def pinned_versions(path: str = os.path.join(REPO, CONSTRAINTS)
+                    ) -> dict[str, str]:
+  """{name: version} of a constraints file ({} when there is none)."""
+  if not os.path.exists(path):
+    return {}
+  pins = {}
+  with open(path) as file:
+    for line in file:
+      name, _, version = line.split('#', 1)[0].strip().partition('==')
+      if name:
+        pins[name.lower()] = version
+  return pins
 
 
 def tested_jax_version() -> str:
-  """The jax installed here (the one this checkout is tested with), else
-  TESTED_JAX."""
+  """The jax of launch/constraints.txt (the one this checkout is tested
+  with), else the one installed here, else TESTED_JAX."""
   from importlib import metadata
   try:
-    return metadata.version('jax')
+    return pinned_versions().get('jax') or metadata.version('jax')
   except metadata.PackageNotFoundError:
     return TESTED_JAX
 
@@ -60,6 +81,7 @@ def tested_jax_version() -> str:
 def install_command(jax_version: str) -> str:
   return (f'mkdir -p {REMOTE_DIR} && tar -xzf ~/{REMOTE_TARBALL} '
           f'-C {REMOTE_DIR} && python3 -m pip install -q '
+          f'-c {REMOTE_DIR}/{CONSTRAINTS} '
           f"'jax[tpu]=={jax_version}' -e {REMOTE_DIR}")
 
 
@@ -83,10 +105,11 @@ def parse_args(argv):
                       help='the runtime image already has jaxformer installed')
   parser.add_argument('--jax-version', default=tested_jax_version(),
                       help='the jax[tpu] version installed on the workers '
-                           '(default: the jax installed here, %(default)s)')
+                           '(default: the one tested, %(default)s)')
   parser.add_argument('--install',
                       help='shell command that installs the copied package on '
-                           'each worker (default: pip install '
+                           'each worker (default: pip install -c '
+                           f"~/jaxformer/{CONSTRAINTS} "
                            "'jax[tpu]==JAX_VERSION' -e ~/jaxformer)")
   parser.add_argument('--attach', action='store_true',
                       help='follow a run started earlier on this VM (after '
@@ -106,6 +129,19 @@ def parse_args(argv):
                       help='after --: the command every worker runs')
   args = parser.parse_args(argv)
   args.command = args.command[1:] if args.command[:1] == ['--'] else args.command
+  if not NAME.fullmatch(args.name):
+    parser.error(f'--name {args.name!r}: a TPU name is 1 to 63 lower-case '
+                 'letters, digits and hyphens, starting with a letter and not '
+                 'ending with a hyphen')
+  if not (args.install or args.no_copy):
+    pins = pinned_versions()
+    if pins.get('jax') != args.jax_version:
+      parser.error(
+          f'{CONSTRAINTS} pins the versions the workers install, ' + (
+              f'with jax=={pins["jax"]}, not --jax-version {args.jax_version}'
+              if pins else 'and is missing') +
+          ': run python launch/constraints.py in an environment with that '
+          'jax where the tests pass, or give your own --install')
   args.install = args.install or install_command(args.jax_version)
   if not args.command:
     parser.error('give the command to run after --, e.g. -- jaxformer train '
@@ -333,7 +369,10 @@ def train_once(args, gcloud: Gcloud, tarball: str, attach: bool = False
 def main(argv=None) -> int:
   args = parse_args(sys.argv[1:] if argv is None else argv)
   gcloud = Gcloud(args.dry_run)
-  tarball = os.path.join(tempfile.gettempdir(), f'jaxformer-{args.name}.tar.gz')
+  # Built at the first copy, in a folder only this user can enter (mkdtemp),
+  # removed at exit: never a stale or planted file of a shared /tmp.
+  private = tempfile.TemporaryDirectory(prefix='jaxformer-launch-')
+  tarball = os.path.join(private.name, REMOTE_TARBALL)
   code, restarts, detached = 1, 0, False
   try:
     code = train_once(args, gcloud, tarball, attach=args.attach)
@@ -354,6 +393,7 @@ def main(argv=None) -> int:
           'with the same command and --attach; stop it with `'
           f'{shlex.join(delete_command(args))}`.', file=sys.stderr)
   finally:
+    private.cleanup()
     if not (args.keep or detached):
       gcloud(delete_command(args), check=False)
   if code and not detached:

@@ -54,6 +54,15 @@ def take(key, default):
 verb = sys.argv[4]
 if verb == 'describe':
   print(take('states', 'READY'))
+elif verb == 'scp':  # To every worker's $HOME; and the source folder's mode.
+  import shutil
+  source, target = sys.argv[5], sys.argv[6].split(':', 1)[1]
+  for index in range(int(os.environ['FAKE_WORKERS'])):
+    home = os.path.join(os.environ['FAKE_WORKERS_DIR'], f'worker{index}')
+    os.makedirs(home, exist_ok=True)
+    shutil.copy(source, os.path.join(home, target))
+  with open(os.environ['FAKE_LOG'] + '.scp', 'a') as modes:
+    modes.write(oct(os.stat(os.path.dirname(source)).st_mode & 0o777) + '\\n')
 elif verb == 'ssh':
   command = next(a for a in sys.argv if a.startswith('--command='))[10:]
   if 'pip install' in command:
@@ -201,6 +210,13 @@ def worker_files(env, name):
 FOLLOW = ['--poll-seconds', '0.1']
 
 
+def shipped(env, worker=0) -> list[str]:
+  """The names in the archive that scp copied to a worker."""
+  archive = pathlib.Path(env['FAKE_WORKERS_DIR']) / f'worker{worker}'
+  with tarfile.open(archive / 'jaxformer.tar.gz') as tar:
+    return tar.getnames()
+
+
 def test_tpu_vm_creates_installs_starts_detached_follows_and_deletes(fakes):
   env, calls, _ = fakes
   result = run([*TPU, *FOLLOW, '--', *TRAIN], dict(env, FAKE_TRAIN_SECONDS='1'))
@@ -211,14 +227,16 @@ def test_tpu_vm_creates_installs_starts_detached_follows_and_deletes(fakes):
                     '--version=tpu-ubuntu2204-base', '--spot',
                     '--zone=us-central2-b']
   assert scp[4] == 'scp' and scp[6] == 'tpu1:jaxformer.tar.gz'
-  with tarfile.open(scp[5]) as tar:
-    assert {'pyproject.toml', 'jaxformer/parallel/mesh.py',
-            'configs/quickstart.py'} <= set(tar.getnames())
+  assert {'pyproject.toml', 'jaxformer/parallel/mesh.py',
+          'configs/quickstart.py'} <= set(shipped(env))
   assert '--worker=all' in scp and '--worker=all' in install
-  # The workers get the jax (and through jax[tpu], the libtpu) tested here.
+  # The workers get the jax (and through jax[tpu], the libtpu) tested here,
+  # and every other package at the version of launch/constraints.txt.
   pinned = f"'jax[tpu]=={importlib.metadata.version('jax')}'"
   assert 'pip install' in install[-2] and pinned in install[-2]
   assert ' -U ' not in install[-2]
+  assert ' -c ~/jaxformer/launch/constraints.txt ' in install[-2]
+  assert 'launch/constraints.txt' in shipped(env)
   assert start[4:7] == ['ssh', 'tpu1', '--worker=all']
   assert 'nohup setsid bash -c' in start[7]
   assert 'cd ~/jaxformer && ' + shlex.join(TRAIN) in shlex.split(
@@ -232,6 +250,35 @@ def test_tpu_vm_creates_installs_starts_detached_follows_and_deletes(fakes):
   assert worker_files(env, 'train.log') == [f'hello from {i}\ndone {i}\n'
                                             for i in range(2)]
   assert worker_files(env, 'exit_code') == ['0\n', '0\n']
+
+
+def test_tpu_vm_ships_a_fresh_private_archive_never_a_planted_one(fakes):
+  """An archive left (or planted by another user) in the shared temporary
+  folder is not what the workers install: each launch builds its own in a
+  folder only its user can enter, and removes it at exit."""
+  env, calls, _ = fakes
+  planted = pathlib.Path(env['TMPDIR']) / 'jaxformer-tpu1.tar.gz'
+  with tarfile.open(planted, 'w:gz') as tar:
+    tar.add(__file__, arcname='planted.py')
+  run([*TPU, *FOLLOW, '--', *TRAIN], env)
+  (scp,) = [c['argv'] for c in calls() if c['argv'][4:5] == ['scp']]
+  assert scp[5] != str(planted)
+  names = shipped(env)
+  assert 'planted.py' not in names and 'jaxformer/parallel/mesh.py' in names
+  assert pathlib.Path(env['FAKE_LOG'] + '.scp').read_text() == '0o700\n'
+  assert not pathlib.Path(scp[5]).parent.exists()
+  assert list(pathlib.Path(env['TMPDIR']).glob('jaxformer-launch-*')) == []
+
+
+@pytest.mark.parametrize('name', ['Tpu1', '1tpu', 'tpu_1', 'tpu-', 'a' * 64,
+                                  '../tpu', ''])
+def test_tpu_vm_names_follow_the_cloud_rules(fakes, name):
+  env, calls, _ = fakes
+  result = run([*TPU[:3], name, *TPU[4:], '--dry-run', '--', *TRAIN], env,
+               check=False)
+  assert result.returncode == 2
+  assert f'--name {name!r}' in result.stderr and 'lower-case' in result.stderr
+  assert calls() == []
 
 
 def test_tpu_vm_training_outlives_dropped_connections(fakes):
@@ -270,9 +317,7 @@ def test_tpu_vm_can_stop_following_and_attach_again(fakes):
 
 
 def test_tpu_vm_combines_the_workers_states():
-  spec = importlib.util.spec_from_file_location('tpu_vm', LAUNCH / 'tpu_vm.py')
-  tpu_vm = importlib.util.module_from_spec(spec)
-  spec.loader.exec_module(tpu_vm)
+  tpu_vm = load_launcher('tpu_vm')
   output = ('Using ssh batch size of 1.\n[worker 0] jaxformer-status exited 0\n'
             'jaxformer-status  running\n')
   assert tpu_vm.worker_states(output) == ['exited 0', 'running']
@@ -339,10 +384,42 @@ def test_tpu_vm_restarts_need_a_bucket_workdir(fakes):
   assert calls() == []
 
 
+def load_launcher(name: str):
+  spec = importlib.util.spec_from_file_location(name, LAUNCH / f'{name}.py')
+  module = importlib.util.module_from_spec(spec)
+  spec.loader.exec_module(module)
+  return module
+
+
+def test_worker_installs_are_pinned_to_the_tested_environment(fakes, tmp_path):
+  """launch/constraints.py writes every package of jaxformer's dependency
+  closure (and jax[tpu]'s) at its version here; the committed file pins the
+  same packages, and the jax that --jax-version defaults to."""
+  pytest.importorskip('libtpu')  # jax[tpu] needs it.
+  generator, tpu_vm = load_launcher('constraints'), load_launcher('tpu_vm')
+  written = tmp_path / 'constraints.txt'
+  run([sys.executable, LAUNCH / 'constraints.py', '--output', written], fakes[0])
+  pins = tpu_vm.pinned_versions(str(written))
+  for name in ('jax', 'jaxlib', 'flax', 'orbax-checkpoint', 'numpy',
+               'sentencepiece', 'protobuf', 'libtpu'):
+    assert pins[name] == importlib.metadata.version(name), name
+  direct = [r.name.lower() for r in generator.roots(REPO / 'pyproject.toml')
+            if generator.applies(r, frozenset())]
+  committed = tpu_vm.pinned_versions(str(LAUNCH / 'constraints.txt'))
+  assert set(direct) <= set(committed) and 'jaxlib' in committed
+  assert tpu_vm.parse_args(['--name', 'a', '--zone', 'z', '--accelerator-type',
+                            'v4-8', '--runtime-version', 'r', '--',
+                            *TRAIN]).jax_version == committed['jax']
+  other = run([*TPU, '--jax-version', '0.0.1', '--dry-run', '--', *TRAIN],
+              fakes[0], check=False)
+  assert other.returncode == 2 and 'launch/constraints.py' in other.stderr
+
+
 # ---------------------------------------------------------------- GKE JobSet
 
+DIGEST = 'sha256:' + '0123456789abcdef' * 4
 GKE = [sys.executable, LAUNCH / 'gke_jobset.py', '--name', 'run', '--image',
-       'jaxformer:test']
+       f'jaxformer@{DIGEST}']
 
 
 def jobset(text):
@@ -381,7 +458,8 @@ def test_gke_tpu_jobset_has_one_pod_per_host_of_the_slice(
           'v4': 'tpu-v4-podslice'}[topology.chip.kind],
       'cloud.google.com/gke-tpu-topology': topology.grid,
       'cloud.google.com/gke-spot': 'true'}
-  assert container['command'] == TRAIN and container['image'] == 'jaxformer:test'
+  assert container['command'] == TRAIN
+  assert container['image'] == f'jaxformer@{DIGEST}'
   assert calls() == []
 
 
@@ -404,6 +482,28 @@ def test_gke_gpu_pods_find_their_coordinator_and_ids(fakes):
       config_lib.default_config().distributed, pod_env)
   assert (arguments['coordinator_address'], arguments['num_processes'],
           arguments['process_id']) == ('run-workers-0-0.run:1234', 2, 1)
+
+
+def test_gke_images_are_pinned_by_digest(fakes):
+  """A tag can be moved to another image between two restarts of the
+  JobSet: it works, with a warning; a digest is what the manifest holds."""
+  env, calls, _ = fakes
+  command = [*GKE, '--gpu-type', 'nvidia-h100-80gb', '--dry-run', '--',
+             *TRAIN]
+  pinned = run(command, env)
+  assert jobset(pinned.stdout)[1]['containers'][0]['image'] == (
+      f'jaxformer@{DIGEST}')
+  assert 'warning' not in pinned.stderr
+  tagged = run([*command[:5], 'us-docker.pkg.dev/p/r/jaxformer:v1',
+                *command[6:]], env)
+  assert 'warning: --image us-docker.pkg.dev/p/r/jaxformer:v1 is a tag' in (
+      tagged.stderr)
+  assert jobset(tagged.stdout)[1]['containers'][0]['image'] == (
+      'us-docker.pkg.dev/p/r/jaxformer:v1')
+  for bad in ('jaxformer@sha256:0123', 'jaxformer@md5:' + '0' * 64):
+    wrong = run([*command[:5], bad, *command[6:]], env, check=False)
+    assert wrong.returncode == 2 and f'--image {bad!r}' in wrong.stderr
+  assert calls() == []
 
 
 def test_gke_rejects_an_unknown_slice_in_one_line(fakes):
@@ -487,7 +587,8 @@ def test_local_starts_each_process_with_its_id_and_fake_devices(fakes):
   tasks = sorted((c['env'] for c in calls()),
                  key=lambda e: e['JAX_PROCESS_ID'])
   assert tasks == [
-      {'JAX_COORDINATOR_ADDRESS': '127.0.0.1:4321', 'JAX_NUM_PROCESSES': '3',
+      {'JAX_COORDINATOR_ADDRESS': '127.0.0.1:4321',
+       'JAX_COORDINATOR_BIND_ADDRESS': '127.0.0.1:4321', 'JAX_NUM_PROCESSES': '3',
        'JAX_PROCESS_ID': str(i), 'JAX_PLATFORMS': 'cpu',
        'XLA_FLAGS': '--xla_dump_to=/tmp/x '
                     '--xla_force_host_platform_device_count=2'}
@@ -510,8 +611,28 @@ def test_local_dry_run_prints_one_command_per_process(fakes):
   result = run([LOCAL, '--processes', '2', '--port', '5555', '--dry-run', '--',
                 *TRAIN], env)
   commands = [shlex.split(line) for line in result.stdout.splitlines()]
-  assert [c[:4] for c in commands] == [
-      ['env', 'JAX_COORDINATOR_ADDRESS=127.0.0.1:5555', 'JAX_NUM_PROCESSES=2',
+  assert [c[:5] for c in commands] == [
+      ['env', 'JAX_COORDINATOR_ADDRESS=127.0.0.1:5555',
+       'JAX_COORDINATOR_BIND_ADDRESS=127.0.0.1:5555', 'JAX_NUM_PROCESSES=2',
        f'JAX_PROCESS_ID={i}'] for i in range(2)]
   assert all(c[-len(TRAIN):] == TRAIN for c in commands)
+  assert calls() == []
+
+
+@pytest.mark.parametrize('flag, value', [
+    ('--nodes', 'nodes[$(touch {marker})]'),
+    ('--gpus-per-node', 'gpus_per_node[$(touch {marker})]'),
+    ('--nodes', '0'), ('--port', 'port[$(touch {marker})]')])
+def test_slurm_takes_counts_as_numbers_and_runs_no_command_in_them(
+    fakes, tmp_path, flag, value):
+  """Bash arithmetic on '$(...)' in a subscript runs it (even in --dry-run);
+  counts and the port must be positive integers."""
+  env, calls, _ = fakes
+  marker = tmp_path / 'ran'
+  for where in (env, dict(env, **IN_JOB)):
+    result = run([SBATCH, flag, value.format(marker=marker), '--per-gpu',
+                  '--dry-run', '--', *TRAIN], where, check=False)
+    assert not marker.exists()
+    assert result.returncode == 2, result.stdout + result.stderr
+    assert f'{flag} must be a positive integer' in result.stderr
   assert calls() == []

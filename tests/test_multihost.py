@@ -193,6 +193,83 @@ def test_gke_tpu_pods_are_left_to_jax_on_a_tpu_and_built_elsewhere():
           arguments['process_id']) == ('h-0.s:8482', 4, 1)
 
 
+# A process of a 2-process run through launch/local.sh: process 0 reports
+# the coordinator's listening sockets (from /proc/net/tcp*) and, as someone
+# who reached its port could, writes a path as the token-cache key; process
+# 1 must refuse that key.
+COORDINATOR_PROBE = """
+import ipaddress, sys
+import jax
+from jaxformer.config import settings
+from jaxformer.parallel import cluster, peers
+
+def listening(port):
+  found = set()
+  for table in ('/proc/net/tcp', '/proc/net/tcp6'):
+    for line in open(table).read().splitlines()[1:]:
+      local, state = line.split()[1], line.split()[3]
+      ip, hex_port = local.split(':')
+      if state == '0A' and int(hex_port, 16) == port:
+        raw = bytes.fromhex(ip)
+        # Each 32-bit word is in host (little-endian) order.
+        raw = b''.join(raw[i:i + 4][::-1] for i in range(0, len(raw), 4))
+        ip = ipaddress.ip_address(raw)
+        found.add(str(getattr(ip, 'ipv4_mapped', None) or ip))
+  return sorted(found)
+
+cluster.initialize_distributed(settings.default_config().distributed)
+if jax.process_index() == 0:
+  print('listening', *listening(int(sys.argv[1])), flush=True)
+  peers._client().key_value_set('jaxformer/token_cache/train', '../../x')
+else:
+  try:
+    peers.from_process_0('token_cache/train', lambda: 'unused', 60,
+                         pattern='[0-9a-f]{64}')
+  except peers.StoreValueError as e:
+    print('refused:', e, flush=True)
+"""
+
+
+def test_the_coordinator_listens_on_loopback_and_bad_store_values_are_refused(
+    tmp_path):
+  """A launch/local.sh run's coordinator (unauthenticated: whoever reaches
+  its port can read and write the runtime's key-value store) listens on
+  127.0.0.1 only, not on every interface; a value read from the store that
+  is not of its form (a token-cache key that is a path) is refused."""
+  script = tmp_path / 'probe.py'
+  script.write_text(COORDINATOR_PROBE)
+  port = free_port()
+  result = subprocess.run(
+      [str(LOCAL_SH), '--processes', '2', '--devices', '1', '--port',
+       str(port), '--', sys.executable, str(script), str(port)],
+      capture_output=True, text=True, timeout=RUN_TIMEOUT)
+  assert result.returncode == 0, result.stdout + result.stderr
+  assert 'listening 127.0.0.1\n' in result.stdout
+  assert ("[p1] refused: jaxformer/token_cache/train from the distributed "
+          "runtime's key-value store is not of the form [0-9a-f]{64}: "
+          "'../../x'") in result.stdout
+
+
+def test_the_coordinator_binds_the_interface_its_address_names():
+  bind = cluster.coordinator_bind_address
+  assert bind('127.0.0.1:1234') == '127.0.0.1:1234'
+  assert bind('localhost:1234') == 'localhost:1234'
+  assert bind('[::1]:1234') == '[::1]:1234'
+  # An address of another machine (TEST-NET-1): JAX's default, every
+  # interface (process 0 of a run resolves its own name to its interface).
+  assert bind('192.0.2.1:1234') is None
+  # An explicit bind address wins: the config's, else JAX's variable.
+  explicit = cluster.listen_address(
+      distributed_settings(coordinator_bind_address='10.1.2.3:9'),
+      dict(coordinator_address='127.0.0.1:9', process_id=0),
+      {'JAX_COORDINATOR_BIND_ADDRESS': '[::]:9'})
+  assert explicit == '10.1.2.3:9'
+  assert cluster.listen_address(
+      distributed_settings(), dict(coordinator_address='127.0.0.1:9',
+                                   process_id=0),
+      {'JAX_COORDINATOR_BIND_ADDRESS': '[::]:9'}) == '[::]:9'
+
+
 # ------------------------------------------------------ end-to-end training
 
 

@@ -79,6 +79,10 @@ def default_config() -> ml_collections.ConfigDict:
       async_save=True))
   c.distributed = ml_collections.ConfigDict(dict(
       coordinator_address='', num_processes=0, process_id=-1,
+      # Where process 0's coordinator listens (host:port); '' takes
+      # JAX_COORDINATOR_BIND_ADDRESS, else the interface the coordinator
+      # address names (parallel/cluster.py `listen_address`).
+      coordinator_bind_address='',
       initialization_timeout=300, heartbeat_timeout=60,
       # Longer than process 0's work after training (the final report), or
       # the others fail at the exit barrier.

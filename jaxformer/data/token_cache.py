@@ -225,8 +225,9 @@ def directory(data_config: ml_collections.ConfigDict, workdir: str | None
 class SharedCache:
   """A cache directory shared by the processes of a multi-host run.
 
-  `agree(name, compute)` returns process 0's `compute()` on every process
-  (the others never call it: they need not hold the data files).
+  `agree(name, compute, pattern=...)` returns process 0's `compute()` on
+  every process (the others never call it: they need not hold the data
+  files), refused unless it matches the regular expression `pattern`.
   """
   directory: str
   agree: Callable[[str, Callable[[], str]], str]
@@ -355,7 +356,8 @@ def tokenized_split(data_config: ml_collections.ConfigDict, split: str,
   process."""
   compute_key = lambda: cache_key(data_config, split, source_tok, target_tok)
   if isinstance(cache_dir, SharedCache):
-    key = cache_dir.agree(f'token_cache/{split}', compute_key)
+    key = cache_dir.agree(f'token_cache/{split}', compute_key,
+                          pattern=tokenizer_lib.SHA256)
     cache_dir = cache_dir.directory
   else:
     key = compute_key()

@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import hashlib
 import io
-import json
 import os
 import time
 from collections.abc import Iterable, Iterator, Sequence
@@ -30,6 +29,9 @@ from jaxformer.data.token_ids import BOS_ID, EOS_ID, PAD_ID, UNK_ID
 _SPECIAL_IDS = {'pad': PAD_ID, 'eos': EOS_ID, 'unk': UNK_ID, 'bos': BOS_ID}
 _SPECIAL_PIECES = {'pad': '<pad>', 'eos': '</s>', 'unk': '<unk>', 'bos': '<s>'}
 _POLL_SECONDS = 1.0
+# A hex sha256: the form of what process 0 sends through the runtime's
+# key-value store (a path component, once a cache key), checked on receipt.
+SHA256 = '[0-9a-f]{64}'
 
 
 class Tokenizer:
@@ -258,10 +260,11 @@ def get_or_train(data_config: ml_collections.ConfigDict, workdir: str, *,
   not joint), then a model trained on a sample of the train split.  For a
   joint model both returned tokenizers are the same object.  In multi-host
   runs `workdir` must be shared by all hosts (e.g. gs://): processes other
-  than 0 wait for process 0's files there. With `agree(name, compute)`
-  (process 0's `compute()` on every process), they wait for process 0 to
-  publish the models' sha256, then read the files at once and check that
-  they hold those bytes.
+  than 0 wait for process 0's files there. With `agree(name, compute,
+  pattern=...)` (process 0's `compute()` on every process, refused unless it
+  matches the regular expression), they wait for process 0 to publish the
+  models' sha256, then read the files at once and check that they hold
+  those bytes.
   """
   if process_index is None:
     import jax
@@ -272,8 +275,9 @@ def get_or_train(data_config: ml_collections.ConfigDict, workdir: str, *,
     _create_models(data_config, models)
   expected = None
   if agree is not None:
-    expected = json.loads(agree('tokenizer_sha256', lambda: json.dumps(
-        [_sha256_of(path) for path in models])))
+    hashes = lambda: ','.join(_sha256_of(path) for path in models)
+    expected = agree('tokenizer_sha256', hashes,
+                     pattern=f'{SHA256}(,{SHA256})*').split(',')
   tokenizers = []
   sizes = (tok_config.vocab_size,
            tok_config.get('target_vocab_size', 0) or tok_config.vocab_size)

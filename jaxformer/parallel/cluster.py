@@ -4,7 +4,9 @@ and id `jax.distributed.initialize` gets, from the environment or the
 config's `distributed` settings."""
 
 import importlib.util
+import ipaddress
 import os
+import socket
 import sys
 from collections.abc import Mapping
 
@@ -179,17 +181,26 @@ def initialize_distributed(settings) -> None:
                                     k8s_client)
   if arguments is None:
     return
+  arguments['coordinator_bind_address'] = listen_address(
+      settings, arguments, os.environ)
   # Collectives between CPU devices of different processes (GPUs and TPUs
   # have their own).
   jax.config.update('jax_cpu_collectives_implementation', 'gloo')
   # If joining fails, XLA aborts the process with its own message; this
   # line says what was attempted.
+  listening = ''
+  if arguments['process_id'] == 0:
+    listening = (f' (listening on {arguments["coordinator_bind_address"]})'
+                 if arguments['coordinator_bind_address'] else
+                 ' (listening on every interface: set '
+                 'distributed.coordinator_bind_address to the one the other '
+                 'hosts reach)')
   print(f'jaxformer: joining the distributed runtime as process '
         f'{_or_detected(arguments["process_id"])} of '
         f'{_or_detected(arguments["num_processes"])}, coordinator '
-        f'{_or_detected(arguments["coordinator_address"])}; waiting up to '
-        f'{arguments["initialization_timeout"]}s for all processes.',
-        file=sys.stderr, flush=True)
+        f'{_or_detected(arguments["coordinator_address"])}{listening}; '
+        f'waiting up to {arguments["initialization_timeout"]}s for all '
+        'processes.', file=sys.stderr, flush=True)
   try:
     jax.distributed.initialize(**arguments)
   except ValueError as e:
@@ -200,6 +211,61 @@ def initialize_distributed(settings) -> None:
       raise
     print(f'jaxformer: no cluster detected ({e}); running as a single '
           'process.', file=sys.stderr, flush=True)
+
+
+def listen_address(settings, arguments: dict,
+                   environ: Mapping[str, str]) -> str | None:
+  """Where process 0's coordinator listens (JAX's coordinator_bind_address):
+  distributed.coordinator_bind_address, else JAX_COORDINATOR_BIND_ADDRESS,
+  else for process 0 the interface its coordinator address names
+  (`coordinator_bind_address`); None leaves JAX's default, every interface.
+  """
+  explicit = (settings.get('coordinator_bind_address')
+              or environ.get('JAX_COORDINATOR_BIND_ADDRESS'))
+  if explicit:
+    return explicit
+  address = arguments['coordinator_address']
+  if address and arguments['process_id'] == 0:
+    return coordinator_bind_address(address)
+  return None
+
+
+def coordinator_bind_address(address: str) -> str | None:
+  """Where a coordinator that the others reach at `address` (host:port)
+  listens: a loopback address as given (all processes on this machine, as
+  under launch/local.sh); else the address of this machine's interface that
+  the host resolves to; None when it resolves to none here but loopback (a
+  host name that /etc/hosts maps to 127.0.1.1) or not at all."""
+  host, _, port = address.rpartition(':')
+  host = host.strip('[]')
+  if host == 'localhost' or _is_loopback(host):
+    return address
+  try:
+    found = socket.getaddrinfo(host, None, type=socket.SOCK_STREAM)
+  except OSError:
+    return None
+  for family, _, _, _, sockaddr in found:
+    ip = sockaddr[0]
+    if not _is_loopback(ip) and _is_local(family, ip):
+      return f'[{ip}]:{port}' if family == socket.AF_INET6 else f'{ip}:{port}'
+  return None
+
+
+def _is_loopback(host: str) -> bool:
+  try:
+    return ipaddress.ip_address(host).is_loopback
+  except ValueError:  # A host name.
+    return False
+
+
+def _is_local(family, ip: str) -> bool:
+  """Whether `ip` is an address of one of this machine's interfaces."""
+  with socket.socket(family, socket.SOCK_STREAM) as probe:
+    try:
+      probe.bind((ip, 0))
+    except OSError:
+      return False
+  return True
 
 
 def _or_detected(value) -> str:

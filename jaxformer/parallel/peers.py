@@ -5,9 +5,12 @@ Values pass through the distributed runtime's key-value store (the
 coordinator, process 0): a process waits for a value with a deadline
 instead of polling files, and no program is compiled for it. Each function
 here is called by every process, in the same order; with one process (or
-no runtime) they return at once.
+no runtime) they return at once. The store has no authentication (whoever
+reaches the coordinator's port may write to it), so every value read from
+it must match the form its caller gives before it is used.
 """
 import atexit
+import re
 import secrets
 import sys
 import threading
@@ -18,6 +21,10 @@ import jax
 from jaxformer.storage import paths
 
 PROBE = '.shared-workdir-probe'
+PROBE_TOKEN = '[0-9a-f]{32}'
+# What a process says of the probe (see `_read_probe`).
+VERDICT = 'ok|does not see the probe file .*|sees another probe token .*'
+BEAT = '[0-9]{1,12}|done'
 
 _agreed: dict[str, str] = {}
 
@@ -31,34 +38,54 @@ def _several() -> bool:
   return jax.process_count() > 1 and _client() is not None
 
 
-def from_process_0(name: str, compute, timeout_seconds: float) -> str:
-  """Process 0's `compute()` (a string), on every process; the others never
-  call `compute`. `name` must be the same on every process; it is agreed
-  once per run (later calls return the first value)."""
+class StoreValueError(ValueError):
+  """A value in the runtime's key-value store is not of its form."""
+
+
+def checked(key: str, value: str, pattern: str) -> str:
+  """`value` of the store's `key` if it matches `pattern` (a regular
+  expression, whole), else a StoreValueError naming both."""
+  if re.fullmatch(pattern, value):
+    return value
+  shown = repr(value if len(value) <= 80 else value[:80] + '...')
+  raise StoreValueError(
+      f"{key} from the distributed runtime's key-value store is not of the "
+      f'form {pattern}: {shown}; something other than process 0 may write '
+      "to the coordinator's port: close it to everything but the run's "
+      'hosts (launch/README.md)')
+
+
+def from_process_0(name: str, compute, timeout_seconds: float,
+                   pattern: str) -> str:
+  """Process 0's `compute()` (a string matching the regular expression
+  `pattern`), on every process; the others never call `compute`. `name`
+  must be the same on every process; it is agreed once per run (later calls
+  return the first value)."""
   if name in _agreed:
     return _agreed[name]
+  key = f'jaxformer/{name}'
   if not _several():
     value = compute()
   elif jax.process_index() == 0:
-    value = compute()
-    _client().key_value_set(f'jaxformer/{name}', value)
+    value = checked(key, compute(), pattern)
+    _client().key_value_set(key, value)
   else:
-    value = _client().blocking_key_value_get(
-        f'jaxformer/{name}', int(timeout_seconds * 1000))
-  _agreed[name] = value
-  return value
+    value = _client().blocking_key_value_get(key, int(timeout_seconds * 1000))
+  _agreed[name] = checked(key, value, pattern)
+  return _agreed[name]
 
 
-def from_every_process(name: str, value: str,
-                       timeout_seconds: float) -> list[str]:
-  """[processes] every process's `value` of `name`, in process order."""
+def from_every_process(name: str, value: str, timeout_seconds: float,
+                       pattern: str) -> list[str]:
+  """[processes] every process's `value` of `name` (matching `pattern`),
+  in process order."""
   if not _several():
     return [value]
   client = _client()
   client.key_value_set(f'jaxformer/{name}/{jax.process_index()}', value)
-  return [client.blocking_key_value_get(f'jaxformer/{name}/{p}',
-                                        int(timeout_seconds * 1000))
-          for p in range(jax.process_count())]
+  keys = [f'jaxformer/{name}/{p}' for p in range(jax.process_count())]
+  return [checked(key, client.blocking_key_value_get(
+      key, int(timeout_seconds * 1000)), pattern) for key in keys]
 
 
 class NotSharedError(RuntimeError):
@@ -80,11 +107,12 @@ def check_shared_workdir(workdir: str, timeout_seconds: float = 120,
     paths.write_text(probe, token)
     return token
 
-  token = from_process_0('workdir_probe', write_token, timeout_seconds)
+  token = from_process_0('workdir_probe', write_token, timeout_seconds,
+                         PROBE_TOKEN)
   verdict = 'ok' if jax.process_index() == 0 else _read_probe(
       probe, token, read_seconds)
   verdicts = from_every_process('workdir_probe_verdict', verdict,
-                                timeout_seconds)
+                                timeout_seconds, VERDICT)
   failed = {p: v for p, v in enumerate(verdicts) if v != 'ok'}
   if failed:
     # Every process has the verdicts and fails: they leave the runtime
@@ -161,7 +189,11 @@ def watch_peers(heartbeat_timeout: float, every: float = 1.0) -> None:
       now = time.monotonic()
       stalled, last = now - last > silence, now
       for key, value in values:
-        process = int(key.rsplit('/', 1)[1])
+        process = key.rsplit('/', 1)[1]
+        if not (re.fullmatch('[0-9]{1,6}', process) and int(process) < count
+                and re.fullmatch(BEAT, value)):
+          continue  # Not a beat of this run's processes.
+        process = int(process)
         changed = process not in seen or seen[process][0] != value
         # After a stall of this thread, the others' silence is not theirs.
         if changed or stalled:

@@ -3,6 +3,7 @@ and the tokenizer, read back row by row (data/token_cache.py)."""
 import gc
 import itertools
 import os
+import re
 import weakref
 
 import numpy as np
@@ -135,8 +136,9 @@ def test_every_host_reads_the_folder_of_process_0s_key(tmp_path, tok):
   cache = str(tmp_path / 'cache')
   sent = {}
 
-  def as_process_0(name, compute):
+  def as_process_0(name, compute, pattern):
     sent[name] = compute()
+    assert re.fullmatch(pattern, sent[name])
     return sent[name]
 
   token_cache.tokenized_split(config, 'train', tok, tok,
@@ -147,7 +149,7 @@ def test_every_host_reads_the_folder_of_process_0s_key(tmp_path, tok):
     token_cache.cache_key(elsewhere, 'train', tok, tok)
   examples = token_cache.tokenized_split(
       elsewhere, 'train', tok, tok,
-      token_cache.SharedCache(cache, lambda name, compute: sent[name]),
+      token_cache.SharedCache(cache, lambda name, compute, pattern: sent[name]),
       process_index=1)
   assert examples.num_examples == 120
   assert folders(cache) == [f'train-{sent["token_cache/train"][:24]}']

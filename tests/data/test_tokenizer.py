@@ -1,5 +1,6 @@
 import io
 import os
+import re
 import threading
 import time
 
@@ -169,13 +170,14 @@ def test_other_hosts_take_process_0s_model_hash_and_check_their_files(
   config.tokenizer.model_path = prefix + '.model'
   shared, sent = tmp_path / 'shared', {}
 
-  def as_process_0(name, compute):
+  def as_process_0(name, compute, pattern):
     sent[name] = compute()
+    assert re.fullmatch(pattern, sent[name])
     return sent[name]
 
   made, _ = tokenizer_lib.get_or_train(config, str(shared), process_index=0,
                                        agree=as_process_0)
-  as_process_1 = lambda name, compute: sent[name]
+  as_process_1 = lambda name, compute, pattern: sent[name]
   read, _ = tokenizer_lib.get_or_train(config, str(shared), process_index=1,
                                        agree=as_process_1)
   assert read.serialized_model_proto() == made.serialized_model_proto()
