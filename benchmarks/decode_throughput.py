@@ -37,7 +37,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from jaxformer.inference import search
+from jaxformer.inference import beam_search, search
 from jaxformer.model import EncoderDecoder, ModelConfig, cpu_kernels
 
 MODELS = {
@@ -125,7 +125,7 @@ class Engines:
       return lambda: search.greedy_decode(
           params, config, rows, max_decode_len=length, eos_id=NO_EOS,
           batch_parts=parts)
-    return lambda: search.beam_search(
+    return lambda: beam_search.beam_search(
         params, config, rows, beam_size=beam, max_decode_len=length,
         eos_id=NO_EOS, batch_parts=parts)
 

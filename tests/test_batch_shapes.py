@@ -7,7 +7,7 @@ import pytest
 
 from jaxformer.config import settings as config_lib
 from jaxformer.parallel import mesh as mesh_lib
-from jaxformer.data import pipeline
+from jaxformer.data import bucketing
 from jaxformer.data import task_batches
 
 WMT = ['configs/wmt14_ende_base.py', 'configs/wmt14_ende_big.py']
@@ -28,7 +28,7 @@ def test_every_bucket_of_the_wmt_configs_splits_over_8_devices(
       path, [f'train.grad_accum_steps={grad_accum_steps}'])
   mesh = mesh_lib.make_mesh(mesh_sizes, jax.devices()[:8])
   shapes = task_batches.check_batch_shapes(config, mesh_lib.row_shards(mesh))
-  widths = pipeline.bucket_lengths(256)
+  widths = bucketing.bucket_lengths(256)
   assert len(shapes) == len(widths)
   budget = config.data.tokens_per_batch
   for (rows, source, target), width in zip(shapes, widths):
@@ -42,9 +42,9 @@ def test_every_bucket_of_the_wmt_configs_splits_over_8_devices(
 
 def test_the_rows_without_a_multiple_would_not_split():
   """What the rounding fixes: 25,000 tokens / width 8 is 3,125 rows."""
-  widths = pipeline.bucket_lengths(256)
-  assert 3125 in pipeline.bucket_rows(25_000, widths)
-  assert (pipeline.bucket_rows(25_000, widths, 8) % 8 == 0).all()
+  widths = bucketing.bucket_lengths(256)
+  assert 3125 in bucketing.bucket_rows(25_000, widths)
+  assert (bucketing.bucket_rows(25_000, widths, 8) % 8 == 0).all()
 
 
 def test_a_pack_batch_size_that_does_not_split_is_an_error_at_start_up():

@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 from flax.core import meta
 
-from jaxformer.inference import search
+from jaxformer.inference import beam_search, search
 from jaxformer.model import DecoderLM, EncoderDecoder, ModelConfig, cpu_kernels
 
 TINY = ModelConfig(vocab_size=32, d_model=16, num_heads=2, d_ff=32,
@@ -147,7 +147,7 @@ def test_beam_size_one_equals_greedy():
   run_search = functools.partial(search.greedy_decode, params, config, inputs,
                              max_decode_len=DECODE_LEN)
   eos_id = mid_sentence_eos(run_search(eos_id=-1))
-  tokens, scores = search.beam_search(
+  tokens, scores = beam_search.beam_search(
       params, config, inputs, beam_size=1, alpha=0.0,
       max_decode_len=DECODE_LEN, eos_id=eos_id)
   np.testing.assert_array_equal(tokens[:, 0], run_search(eos_id=eos_id))
@@ -201,12 +201,13 @@ def test_beam_search_finds_what_greedy_misses():
   inputs = np.array([[4, 5, 6]])
   greedy = search.greedy_decode(params, config, inputs, max_decode_len=6)
   np.testing.assert_array_equal(greedy, [[A, 1, 0, 0, 0, 0]])
-  tokens, scores = search.beam_search(params, config, inputs, beam_size=2,
-                                      alpha=0.6, max_decode_len=6)
+  tokens, scores = beam_search.beam_search(params, config, inputs,
+                                           beam_size=2, alpha=0.6,
+                                           max_decode_len=6)
   np.testing.assert_array_equal(tokens[0], [[B, 1, 0, 0, 0, 0],
                                             [A, 1, 0, 0, 0, 0]])
   # The scores also check the construction: log p / length_penalty(2).
-  penalty = search.length_penalty(2, 0.6)
+  penalty = beam_search.length_penalty(2, 0.6)
   np.testing.assert_allclose(
       scores[0], np.log([0.4 * 0.93, 0.5 * 0.3]) / penalty, rtol=1e-4)
 
@@ -234,13 +235,14 @@ def test_beam_scores_are_rescored_log_probabilities(alpha):
   config, params = translation_model(eos_bias=2.0)
   inputs = random_sources(3, 7, seed=4)
   beam = 4
-  tokens, scores = search.beam_search(params, config, inputs, beam_size=beam,
-                                      alpha=alpha, max_decode_len=DECODE_LEN)
+  tokens, scores = beam_search.beam_search(
+      params, config, inputs, beam_size=beam, alpha=alpha,
+      max_decode_len=DECODE_LEN)
   tokens, scores = np.asarray(tokens), np.asarray(scores)
   rows = tokens.reshape(-1, DECODE_LEN)
   logprob, lengths = teacher_forced_logprob(
       config, params, np.repeat(inputs, beam, axis=0), rows, search.EOS_ID)
-  rescored = (logprob / search.length_penalty(lengths, alpha)).reshape(
+  rescored = (logprob / beam_search.length_penalty(lengths, alpha)).reshape(
       scores.shape)
   np.testing.assert_allclose(scores, rescored, rtol=2e-5, atol=2e-5)
   assert np.all(np.diff(scores, axis=-1) <= 0)
@@ -252,9 +254,9 @@ def test_beam_scores_are_rescored_log_probabilities(alpha):
 def test_early_exit_does_not_change_results():
   config, params = translation_model(scan_layers=True, eos_bias=3.0)
   inputs = random_sources(4, 7, seed=2)
-  run_search = functools.partial(search.beam_search, params, config, inputs,
-                             beam_size=3, max_decode_len=DECODE_LEN,
-                             return_steps=True)
+  run_search = functools.partial(beam_search.beam_search, params, config,
+                                 inputs, beam_size=3,
+                                 max_decode_len=DECODE_LEN, return_steps=True)
   tokens, scores, steps = run_search(early_exit=True)
   full_tokens, full_scores, full_steps = run_search(early_exit=False)
   np.testing.assert_array_equal(tokens, full_tokens)
@@ -275,8 +277,8 @@ def test_results_do_not_depend_on_the_rest_of_the_batch():
   batch[2, :5] = sentence[0]
   greedy = functools.partial(search.greedy_decode, params, config,
                              max_decode_len=DECODE_LEN)
-  beam = functools.partial(search.beam_search, params, config, beam_size=3,
-                           max_decode_len=DECODE_LEN)
+  beam = functools.partial(beam_search.beam_search, params, config,
+                           beam_size=3, max_decode_len=DECODE_LEN)
   # The sentence ends mid-way, so it is done while its neighbours go on.
   eos_id = mid_sentence_eos(greedy(sentence, eos_id=-1))
 
@@ -306,7 +308,7 @@ def test_searching_in_parts_changes_no_result(parts):
   np.testing.assert_array_equal(parts_tokens, tokens)
   np.testing.assert_allclose(parts_weights, weights, atol=1e-6)
 
-  beam = functools.partial(search.beam_search, params, config, inputs,
+  beam = functools.partial(beam_search.beam_search, params, config, inputs,
                            beam_size=3, max_decode_len=DECODE_LEN,
                            return_steps=True)
   tokens, scores, steps = beam(batch_parts=1)

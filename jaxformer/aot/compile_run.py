@@ -23,8 +23,8 @@ scanned layer, a chunk of the output layer) counts once per iteration, by
 the loop's trip count (`hlo.runs_per_computation`; libtpu's compiled text
 does not annotate trip counts, so they are read from the loop's counter and
 condition), beside the number of instructions. The output layer's loop over
-chunks (`train/loss.py`) is reported with its trip count and the rows per
-chip of its logits matmuls. XLA's cost model still counts a loop's body
+chunks (`train/chunked_loss.py`) is reported with its trip count and the rows
+per chip of its logits matmuls. XLA's cost model still counts a loop's body
 once, for `nn.scan`, for the output layer's chunks and for the windowed
 einsums of FSDP on TPU (see `train/flops.py`), so its FLOPs can fall short
 of the model's; the MFU printed uses the model FLOPs of `train/flops.py`

@@ -204,7 +204,7 @@ def runs_per_computation(hlo_text: str) -> tuple[dict[str, int], int]:
 
 
 def output_layer(hlo_text: str) -> dict:
-  """The output layer of `train.loss.output_token_metrics` in a compiled
+  """The output layer of `train.chunked_loss.output_token_metrics` in a compiled
   module (found by its op_name scopes): 'loops', the trip counts of its
   loops over chunks ([] when XLA removed a loop of one chunk), and
   'rows_per_device', the rows of its logits matmuls on one device (the

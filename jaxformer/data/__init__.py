@@ -1,2 +1,3 @@
 """Input: data sources, SentencePiece tokenizers and the tf.data pipeline
-(`jaxformer.data.pipeline`, the only module here that imports TensorFlow)."""
+(`jaxformer.data.pipeline`, with `packing`, `bucketing`, `batch_layout` and
+`epochs`: the modules here that import TensorFlow)."""

@@ -2,9 +2,9 @@
 and batch a global step falls in (what a resume plans), and the stream of
 (epoch plan, batch number) elements that batches are made from.
 
-A batching (pipeline.py) supplies `epoch_plan(epoch)` (a TensorFlow
-function of the epoch number: its permutation, packing, ...) and
-`batches_of_epoch(plan)`; what is here knows nothing of tokens.
+A batching (packing.py, bucketing.py) supplies `epoch_plan(epoch)` (a
+TensorFlow function of the epoch number: its permutation, packing, ...)
+and `batches_of_epoch(plan)`; what is here knows nothing of tokens.
 """
 
 from __future__ import annotations

@@ -28,6 +28,7 @@ from collections.abc import Iterator, Sequence
 import ml_collections
 import numpy as np
 
+from jaxformer.data import batch_layout
 from jaxformer.data import pipeline
 from jaxformer.data import sources
 from jaxformer.data import tokenizer as tokenizer_lib
@@ -182,7 +183,7 @@ def row_train_batches(rows: dict[str, np.ndarray], batch_size: int, seed: int,
   """Endless training batches of this process's rows (`share`), from batch
   `start_step`."""
   num_rows = len(next(iter(rows.values())))
-  pipeline.train_rows_per_process(batch_size, share)  # Checks it divides.
+  batch_layout.train_rows_per_process(batch_size, share)  # Checks it divides.
   mine = share.rows(batch_size)
   batches_per_epoch = -(-num_rows // batch_size)
   step = start_step
@@ -197,7 +198,7 @@ def row_eval_batches(rows: dict[str, np.ndarray], batch_size: int, *,
                      share: RowShare = RowShare()) -> Iterator[Batch]:
   """Every row once, in order; padding rows have 'example_index' -1."""
   num_rows = len(next(iter(rows.values())))
-  global_rows = pipeline.eval_global_rows(batch_size, share)
+  global_rows = batch_layout.eval_global_rows(batch_size, share)
   mine = share.rows(global_rows)
   for start in range(0, num_rows, global_rows):
     chosen = _pick(np.arange(num_rows), start + mine).astype(np.int32)
@@ -303,7 +304,7 @@ def check_batch_shapes(config: ml_collections.ConfigDict, row_shards: int
 
 def eval_batch_rows(config: ml_collections.ConfigDict, row_shards: int) -> int:
   """Global rows of an evaluation batch on `row_shards` row shards."""
-  return pipeline.eval_global_rows(int(config.data.batch_size),
+  return batch_layout.eval_global_rows(int(config.data.batch_size),
                                    RowShare((0,), row_shards))
 
 

@@ -47,7 +47,6 @@ import io
 import itertools
 import json
 import os
-import time
 from collections.abc import Callable, Iterable, Iterator
 
 import ml_collections
@@ -64,7 +63,6 @@ MANIFEST = 'manifest.json'
 SIDES = ('source', 'target')
 _LOCAL_WRITE_ERRORS = (errno.ENOSPC, errno.EDQUOT, errno.EACCES, errno.EROFS)
 _IN_MEMORY = 4  # splits kept open per process
-_POLL_SECONDS = 1.0
 
 
 @dataclasses.dataclass(frozen=True)
@@ -330,17 +328,6 @@ def read(folder: str) -> TokenizedSplit:
   return _from_shards(shards, folder)
 
 
-def _wait_for(path: str, timeout_seconds: float) -> None:
-  deadline = time.monotonic() + timeout_seconds
-  while not paths.exists(path):
-    if time.monotonic() > deadline:
-      raise TimeoutError(
-          f'waited {timeout_seconds:.0f}s for process 0 to write the token '
-          f"cache {path}; check process 0's log, or raise "
-          'data.tokenizer.wait_seconds')
-    time.sleep(_POLL_SECONDS)
-
-
 _open_splits: collections.OrderedDict[tuple, TokenizedSplit] = (
     collections.OrderedDict())
 
@@ -374,7 +361,9 @@ def tokenized_split(data_config: ml_collections.ConfigDict, split: str,
       if process_index == 0:
         write(folder, encoded_shards(pairs(), source_tok, target_tok), key)
       else:
-        _wait_for(manifest, data_config.tokenizer.get('wait_seconds', 3600))
+        tokenizer_lib.wait_for_process_0(
+            manifest, data_config.tokenizer.get('wait_seconds', 3600),
+            'the token cache ')
     examples = read(folder)
   _open_splits[key, cache_dir] = examples
   while len(_open_splits) > _IN_MEMORY:

@@ -216,13 +216,16 @@ def _create_models(data_config: ml_collections.ConfigDict,
     train_tokenizer(texts, path[:-len('.model')], tok_config)
 
 
-def _wait_for(path: str, timeout_seconds: float) -> None:
+def wait_for_process_0(path: str, timeout_seconds: float,
+                       what: str = '') -> None:
+  """Returns once `path` exists (process 0 writes it); a TimeoutError after
+  `timeout_seconds` names `what` (a phrase ending in a space) and `path`."""
   deadline = time.monotonic() + timeout_seconds
   while not paths.exists(path):
     if time.monotonic() > deadline:
       raise TimeoutError(
-          f'waited {timeout_seconds:.0f}s for process 0 to write {path}; check '
-          "process 0's log, or raise data.tokenizer.wait_seconds")
+          f'waited {timeout_seconds:.0f}s for process 0 to write {what}{path}; '
+          "check process 0's log, or raise data.tokenizer.wait_seconds")
     time.sleep(_POLL_SECONDS)
 
 
@@ -283,7 +286,7 @@ def get_or_train(data_config: ml_collections.ConfigDict, workdir: str, *,
            tok_config.get('target_vocab_size', 0) or tok_config.vocab_size)
   for index, (path, size) in enumerate(zip(models, sizes)):
     if expected is None:
-      _wait_for(path, tok_config.get('wait_seconds', 3600))
+      wait_for_process_0(path, tok_config.get('wait_seconds', 3600))
     else:
       _check_same_as_process_0(path, expected[index], workdir)
     tokenizers.append(load_tokenizer(path))

@@ -9,6 +9,7 @@ import numpy as np
 import sacrebleu
 from jax.experimental import multihost_utils
 
+from jaxformer.inference import beam_search
 from jaxformer.inference import search
 from jaxformer.parallel import mesh as mesh_lib
 from jaxformer.data import pipeline
@@ -43,9 +44,9 @@ def decode_tokens(params, model_config: ModelConfig, inputs, *,
   if beam_size <= 1:
     return search.greedy_decode(params, model_config, inputs,
                                 max_decode_len=max_decode_len, eos_id=eos_id)
-  tokens, _ = search.beam_search(params, model_config, inputs,
-                                 beam_size=beam_size, alpha=alpha,
-                                 max_decode_len=max_decode_len, eos_id=eos_id)
+  tokens, _ = beam_search.beam_search(
+      params, model_config, inputs, beam_size=beam_size, alpha=alpha,
+      max_decode_len=max_decode_len, eos_id=eos_id)
   return tokens[:, 0]
 
 

@@ -16,6 +16,7 @@ from flax import linen as nn
 
 from jaxformer.model import (DecoderLM, EncoderClassifier, EncoderDecoder,
                              EncoderRegressor, ModelConfig)
+from jaxformer.train import chunked_loss
 from jaxformer.train import loss as losses
 
 
@@ -38,9 +39,9 @@ def _example_weights(batch):
 
 def _output_metrics(batch, label_smoothing):
   """The decoder's output_fn that returns the token metric sums of its
-  logits, computed without them (`losses.output_token_metrics`)."""
+  logits, computed without them (`chunked_loss.output_token_metrics`)."""
   def output_fn(x, kernel, bias):
-    return losses.output_token_metrics(
+    return chunked_loss.output_token_metrics(
         x, kernel, bias, batch['targets'], _token_weights(batch, 'targets'),
         label_smoothing)
   return output_fn

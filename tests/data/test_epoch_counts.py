@@ -11,6 +11,7 @@ import pytest
 
 from jaxformer.data import epoch_counts
 from jaxformer.data import epochs
+from jaxformer.data import packing
 from jaxformer.data import pipeline
 from jaxformer.parallel.row_share import RowShare
 
@@ -118,7 +119,7 @@ def lengths(config, tok, cache):
 
 
 def _planner():
-  return pipeline._PLANNER
+  return packing.PLANNER
 
 
 def test_a_count_that_disagrees_with_its_plan_stops_the_stream(config, tok,

@@ -4,7 +4,7 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-from jaxformer.data import builtin
+from jaxformer.data import batch_layout, bucketing, builtin, packing
 from jaxformer.data.defaults import default_data_config
 from jaxformer.data import pipeline
 from jaxformer.data import tokenizer as tokenizer_lib
@@ -53,15 +53,15 @@ def assert_equal_batches(actual, expected):
 
 def test_greedy_row_starts_packs_next_fit():
   # Source max 6: [3 3] [3] [5 1] [1] [6] [2]; the last target (7) fits alone.
-  starts = pipeline.greedy_row_starts(tf.constant([3, 3, 3, 5, 1, 1, 6, 2]),
-                                      tf.constant([1, 1, 1, 1, 1, 1, 1, 7]), 6, 8)
+  starts = packing.greedy_row_starts(tf.constant([3, 3, 3, 5, 1, 1, 6, 2]),
+                                     tf.constant([1, 1, 1, 1, 1, 1, 1, 7]), 6, 8)
   np.testing.assert_array_equal(starts, [0, 2, 3, 5, 6, 7])
 
 
 def test_pack_into_rows_lays_out_segments():
   source = tf.ragged.constant([[5, 1], [6, 7, 1], [8, 1]])
   target = tf.ragged.constant([[9, 1], [10, 1], [11, 12, 1]])
-  batch = pipeline.pack_into_rows(source, target, tf.constant([0, 0, 1]), 3, 6, 4)
+  batch = batch_layout.pack_into_rows(source, target, tf.constant([0, 0, 1]), 3, 6, 4)
   np.testing.assert_array_equal(batch['inputs'], [[5, 1, 6, 7, 1, 0], [8, 1, 0, 0, 0, 0], [0] * 6])
   np.testing.assert_array_equal(batch['inputs_segment_ids'], [[1, 1, 2, 2, 2, 0], [1, 1, 0, 0, 0, 0], [0] * 6])
   np.testing.assert_array_equal(batch['inputs_positions'], [[0, 1, 0, 1, 2, 0], [0, 1, 0, 0, 0, 0], [0] * 6])
@@ -175,7 +175,7 @@ def test_batch_size_must_divide_among_row_shards(tok):
 
 def test_bucketed_batches_keep_the_token_budget(tok):
   config = small_config(batching='bucket', tokens_per_batch=512)
-  widths = pipeline.bucket_lengths(64)
+  widths = bucketing.bucket_lengths(64)
   seen_widths = set()
   for batch in take(config, tok, 30):
     rows, width = batch['inputs'].shape
@@ -191,8 +191,8 @@ def test_bucketed_batches_keep_the_token_budget(tok):
 
 
 def test_bucket_lengths_grow_by_eights_then_quarters():
-  assert pipeline.bucket_lengths(64) == [8, 16, 24, 32, 40, 48, 56, 64]
-  assert pipeline.bucket_lengths(256)[-4:] == [144, 176, 216, 256]
+  assert bucketing.bucket_lengths(64) == [8, 16, 24, 32, 40, 48, 56, 64]
+  assert bucketing.bucket_lengths(256)[-4:] == [144, 176, 216, 256]
 
 
 @pytest.mark.parametrize('shards', [((0,),), ((0,), (1,)), ((0,), (1,), (2,)),

@@ -11,7 +11,7 @@ import pytest
 import export_models
 import marian_folders
 from jaxformer.cli import main as cli
-from jaxformer.inference import search
+from jaxformer.inference import beam_search, search
 from jaxformer.checkpoints import trained
 from jaxformer.interop import ct2, hf_marian
 from jaxformer.model import EncoderDecoder
@@ -46,8 +46,9 @@ def jaxformer_outputs(model, rows, beams: int) -> list[list]:
     tokens = search.greedy_decode(model.params, config, rows,
                                   max_decode_len=MAX_DECODE)
   else:
-    tokens = search.beam_search(model.params, config, rows, beam_size=beams,
-                                alpha=0.0, max_decode_len=MAX_DECODE)[0][:, 0]
+    tokens = beam_search.beam_search(
+        model.params, config, rows, beam_size=beams, alpha=0.0,
+        max_decode_len=MAX_DECODE)[0][:, 0]
   return [export_models.until_eos(row, config.eos_id)
           for row in np.asarray(tokens)]
 

@@ -18,7 +18,7 @@ pytest.importorskip('safetensors')
 import marian_folders  # noqa: E402
 
 from jaxformer.cli import main as cli
-from jaxformer.inference import search
+from jaxformer.inference import beam_search, search
 from jaxformer.checkpoints import trained
 from jaxformer.model import EncoderDecoder  # noqa: E402
 
@@ -126,9 +126,9 @@ def test_greedy_and_beam_outputs_equal_generate(imported):
   rows = imported.rows(sentences())
   greedy = np.asarray(search.greedy_decode(
       imported.ours.params, config, rows, max_decode_len=DECODE_LEN))
-  beams, _ = search.beam_search(imported.ours.params, config, rows,
-                                beam_size=4, alpha=0.0,
-                                max_decode_len=DECODE_LEN)
+  beams, _ = beam_search.beam_search(imported.ours.params, config, rows,
+                                     beam_size=4, alpha=0.0,
+                                     max_decode_len=DECODE_LEN)
   # alpha 0 (no length penalty) is HF's length_penalty=0.
   theirs = {'greedy': imported.generate(rows, num_beams=1),
             'beam 4': imported.generate(rows, num_beams=4, length_penalty=0.0,

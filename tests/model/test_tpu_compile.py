@@ -92,7 +92,7 @@ def lowered_decode(devices, beam_size: int) -> str:
   as `jax.jit(...).lower` with sharded arguments does: greedy search
   (beam 1) or beam search, 140 tokens (long enough for cache buckets), 4
   sentences (few enough for the int8 screen)."""
-  from jaxformer.inference import search
+  from jaxformer.inference import beam_search, search
   from jaxformer.model import EncoderDecoder
   mesh = jax.sharding.Mesh(np.array(devices).reshape(-1, 1, 1),
                            mesh_lib.MESH_AXES)
@@ -108,7 +108,7 @@ def lowered_decode(devices, beam_size: int) -> str:
     searcher = lambda p, x: search.greedy_decode(  # noqa: E731
         p, DECODER, x, max_decode_len=140)
   else:
-    searcher = lambda p, x: search.beam_search(  # noqa: E731
+    searcher = lambda p, x: beam_search.beam_search(  # noqa: E731
         p, DECODER, x, beam_size=beam_size, max_decode_len=140)[0]
   return jax.jit(searcher).lower(params, inputs).as_text()
 
