@@ -19,6 +19,7 @@ to a temporary folder beside `out` and renamed when complete.
 import base64
 import json
 import os
+import re
 import shutil
 import sys
 from typing import Callable
@@ -260,9 +261,27 @@ def _zero_pad_rows(params: dict, config: ModelConfig, warn) -> None:
       table[config.pad_id] = 0.0
 
 
+# The first torch whose torch.load(weights_only=True) has no known way to
+# run code (CVE-2025-32434 below 2.6, CVE-2026-24747 below 2.10); also
+# pyproject.toml's floor.
+TORCH_FLOOR = (2, 10)
+
+
+def check_torch_version(version: str, path: str) -> None:
+  """Raises unless torch `version` ('2.13.0+cpu') may unpickle `path`."""
+  match = re.match(r'(\d+)\.(\d+)', version)
+  floor = '.'.join(map(str, TORCH_FLOOR))
+  if not match or tuple(map(int, match.groups())) < TORCH_FLOOR:
+    raise MarianImportError(
+        f'{path}: torch {version} is installed, and below torch {floor} '
+        'torch.load(weights_only=True) can be made to run code '
+        f'(CVE-2025-32434, CVE-2026-24747); pip install "torch>={floor}", or '
+        'use the folder\'s model.safetensors (read without torch)')
+
+
 def read_weights(folder: str) -> dict:
-  """{name: float32 array} of model.safetensors (numpy only) or
-  pytorch_model.bin (torch)."""
+  """{name: float32 array} of model.safetensors (numpy only), else of
+  pytorch_model.bin (torch at least TORCH_FLOOR)."""
   path = os.path.join(folder, 'model.safetensors')
   if os.path.isfile(path):
     from safetensors import SafetensorError
@@ -282,6 +301,7 @@ def read_weights(folder: str) -> dict:
     except ImportError:
       raise MarianImportError(f'{path} needs torch (pip install torch), or '
                          'convert it to model.safetensors') from None
+    check_torch_version(torch.__version__, path)
     try:
       state = torch.load(path, map_location='cpu', weights_only=True)
     except Exception as e:  # noqa: BLE001 - torch raises many kinds.
