@@ -481,14 +481,14 @@ def main(argv=None) -> int:
           f'not to `jaxformer {args.command}`.', file=sys.stderr)
     return 2
   cache = None
-  if args.command not in ('curves', 'average', 'export'):
-    from jaxformer.runtime import compilation_cache
-    cache = compilation_cache.enable(  # Before anything compiles.
-        jax_cache=args.command != 'compile')
-    if args.command in ('train', 'compile'):
-      print(f'jaxformer: compilation cache: {cache or "off"} '
-            f'({compilation_cache.ENV}=DIR or off)', flush=True)
   try:
+    if args.command not in ('curves', 'average', 'export'):
+      from jaxformer.runtime import compilation_cache
+      cache = compilation_cache.enable(  # Before anything compiles.
+          jax_cache=args.command != 'compile')
+      if args.command in ('train', 'compile'):
+        print(f'jaxformer: compilation cache: {cache or "off"} '
+              f'({compilation_cache.ENV}=DIR or off)', flush=True)
     status = args.run(args, overrides)
     if cache and args.command == 'train':
       print(f'jaxformer: {compilation_cache.summary()}', flush=True)
