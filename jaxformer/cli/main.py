@@ -165,13 +165,11 @@ def cmd_predict(args, overrides) -> int:
   """Classification: one label per stdin line; regression: its value(s)."""
   from jaxformer.inference import predict
   model = load_trained(args, overrides)
-  lines = list(input_lines(args))
-  for start in range(0, len(lines), args.batch_size):
-    for output in predict.predict(model.params, model.model_config,
-                                  model.config, model.source_tok,
-                                  lines[start:start + args.batch_size]):
-      print(output if isinstance(output, str)
-            else ' '.join(f'{value:.6g}' for value in output), flush=True)
+  for output in predict.predict_lines(model.params, model.model_config,
+                                      model.config, model.source_tok,
+                                      input_lines(args), args.batch_size):
+    print(output if isinstance(output, str)
+          else ' '.join(f'{value:.6g}' for value in output), flush=True)
   return 0
 
 

@@ -57,8 +57,8 @@ def _read_config(folder: str) -> dict:
                        'download Helsinki-NLP/opus-mt-en-de --local-dir DIR`)')
   try:
     config = vocab_tokenizer.read_json(path)
-  except ValueError as e:
-    raise MarianImportError(f'{path} is not JSON ({e})') from None
+  except sources.DataError as e:
+    raise MarianImportError(str(e)) from None
   if config.get('model_type') != 'marian':
     raise MarianImportError(f'{path}: model_type is {config.get("model_type")!r}, '
                        "not 'marian'; only Marian (OPUS-MT) models import")
