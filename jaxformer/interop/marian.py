@@ -349,9 +349,11 @@ def run_config(base, config: ModelConfig, source, target):
 
 
 def import_folder(folder: str, out: str, base_config,
-                  warn: Callable[[str], None] = print) -> ModelConfig:
+                  warn: Callable[[str], None] = print,
+                  keep_provenance: bool = False) -> ModelConfig:
   """Writes the jaxformer export of the Marian model in `folder` to `out`
-  (which must not exist); returns its ModelConfig."""
+  (which must not exist; it records `folder` if `keep_provenance`);
+  returns its ModelConfig."""
   folder = os.path.abspath(folder)
   out = os.path.abspath(out)
   if not os.path.isdir(folder):
@@ -369,7 +371,7 @@ def import_folder(folder: str, out: str, base_config,
            'steps': [0], 'source': folder}
   partial = f'{out}.partial-{os.getpid()}'
   try:
-    exports.export_params(partial, params, extra)
+    exports.export_params(partial, params, extra, keep_provenance)
     os.rename(partial, out)
   finally:
     shutil.rmtree(partial, ignore_errors=True)

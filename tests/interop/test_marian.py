@@ -5,6 +5,7 @@ computes PyTorch's logits, decodes as `generate` does, and tokenises as
 The folders are random-weight `MarianMTModel`s with SentencePiece models
 trained here (no hub): see marian_folders.py.
 """
+import json
 import os
 import shutil
 
@@ -311,3 +312,13 @@ def test_safetensors_are_read_whenever_the_folder_has_them(
   monkeypatch.setattr(torch, '__version__', '2.5.1')
   assert marian.read_weights(str(folder))
 
+
+def test_the_import_records_its_folder_only_when_asked(good_folder, tmp_path):
+  from jaxformer.checkpoints import exports
+  for flags, source in (([], ''), (['--keep-provenance'], str(good_folder))):
+    out = tmp_path / f'out{len(flags)}'
+    assert cli.main(['import', '--from', str(good_folder), '--out', str(out),
+                     *flags]) == 0
+    extra, _ = exports.restore_export(str(out))
+    assert extra['source'] == source
+    assert (str(good_folder) in json.dumps(extra)) == bool(flags)
