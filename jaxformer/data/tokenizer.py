@@ -30,11 +30,11 @@ from jaxformer.data.token_ids import BOS_ID, EOS_ID, PAD_ID, UNK_ID
 _SPECIAL_IDS = {'pad': PAD_ID, 'eos': EOS_ID, 'unk': UNK_ID, 'bos': BOS_ID}
 _SPECIAL_PIECES = {'pad': '<pad>', 'eos': '</s>', 'unk': '<unk>', 'bos': '<s>'}
 _POLL_SECONDS = 1.0
-# Of a text that only its first N tokens are wanted of, at most this many
-# characters per token are encoded, so that a long line costs no more than
-# a short one: a SentencePiece piece has at most 16 (the trainer's
-# max_sentencepiece_length), so the cut keeps every wanted token save after
-# long runs of spaces (which normalisation removes).
+# Where only the first N tokens of a text are used, only its first
+# N * CHARS_PER_TOKEN characters are encoded, so that a long line costs no
+# more than a short one. A SentencePiece piece has at most 16 characters
+# (the trainer's default max_sentencepiece_length): the cut keeps every
+# token used, except after long runs of spaces (which normalisation drops).
 CHARS_PER_TOKEN = 32
 
 
