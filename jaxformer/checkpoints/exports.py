@@ -1,6 +1,8 @@
 """Parameters-only exports (`jaxformer average`, `export --format
 jaxformer`, `import`): write one, recognise one, read one; and the mean of a
 run's checkpoints. Like checkpoint.py, it knows only Orbax and `paths`."""
+import copy
+
 import jax
 import orbax.checkpoint as ocp
 
@@ -9,15 +11,46 @@ from jaxformer.checkpoints.manager import (Checkpointer, CheckpointError,
 from jaxformer.storage import paths
 
 EXPORT_FORMAT = 'jaxformer-params-1'
+# Config keys that name places on the machine that made a run (a group
+# stands for each of its keys): an export keeps them only when asked
+# (keep_provenance), like the workdir or folder it came from ('source').
+MACHINE_KEYS = ('data.tsv', 'data.files', 'data.text', 'data.tfds.data_dir',
+                'data.token_cache_dir', 'data.tokenizer.model_path',
+                'data.tokenizer.source_model_path',
+                'data.tokenizer.target_model_path', 'init.pretrained',
+                'distributed.coordinator_address')
+
+
+def _emptied(value, empty):
+  if isinstance(value, dict):
+    return {k: _emptied(v, empty) for k, v in value.items()}
+  return empty if isinstance(value, str) else value
+
+
+def without_machine_paths(config: dict) -> dict:
+  """The JSON `config` with every string under MACHINE_KEYS emptied (''; None
+  for data.tfds.data_dir, its default)."""
+  config = copy.deepcopy(config)
+  for key in MACHINE_KEYS:
+    *groups, name = key.split('.')
+    node = config
+    for group in groups:
+      node = node.get(group) if isinstance(node, dict) else None
+    if isinstance(node, dict) and name in node:
+      node[name] = _emptied(node[name],
+                            None if key == 'data.tfds.data_dir' else '')
+  return config
 
 
 def _composite_checkpointer():
   return ocp.Checkpointer(ocp.CompositeCheckpointHandler())
 
 
-def export_params(out: str, params, extra: dict) -> None:
+def export_params(out: str, params, extra: dict,
+                  keep_provenance: bool = False) -> None:
   """Writes `params` with the config and tokenizers of `extra` to `out`,
-  which must not exist yet."""
+  which must not exist yet; the paths of the machine that made it (its
+  'source' and the config's MACHINE_KEYS) only with `keep_provenance`."""
   out = paths.absolute(out)
   if paths.exists(out):
     raise CheckpointError(f'{out} already exists; choose another --out, or '
@@ -27,6 +60,8 @@ def export_params(out: str, params, extra: dict) -> None:
               'tokenizers': extra['tokenizers'],
               'steps': extra.get('steps', [extra.get('step')]),
               'source': extra.get('source', '')}
+  if not keep_provenance:
+    contents.update(config=without_machine_paths(extra['config']), source='')
   try:
     _composite_checkpointer().save(out, args=ocp.args.Composite(
         params=ocp.args.StandardSave(params),

@@ -175,9 +175,11 @@ def pretrained_params(directory: str, config: ml_collections.ConfigDict,
   return params
 
 
-def export(workdir: str, out: str, step: int | None = None) -> int:
+def export(workdir: str, out: str, step: int | None = None,
+           keep_provenance: bool = False) -> int:
   """Exports the parameters of `step` (default: the latest) of `workdir`
-  to `out`; returns the step."""
+  to `out` (with `workdir` and the run's data paths if `keep_provenance`);
+  returns the step."""
   reader = checkpoint_lib.Checkpointer.reader(workdir)
   step = exports.step_to_export(reader, step)
   extra = exports.read_step(reader, step, reader.restore_extra)
@@ -185,18 +187,19 @@ def export(workdir: str, out: str, step: int | None = None) -> int:
   params = exports.read_step(
       reader, step, lambda s: reader.restore_params(s, target))
   exports.export_params(out, params, dict(
-      extra, steps=[step], source=reader.directory))
+      extra, steps=[step], source=reader.directory), keep_provenance)
   return step
 
 
-def average(workdir: str, last: int, out: str) -> list[int]:
+def average(workdir: str, last: int, out: str,
+            keep_provenance: bool = False) -> list[int]:
   """Exports the mean parameters of the newest `last` checkpoints of
-  `workdir` to `out` (as the paper averages the last 5 or 20); returns the
-  averaged steps."""
+  `workdir` to `out` (as the paper averages the last 5 or 20; paths as
+  `export`); returns the averaged steps."""
   reader = checkpoint_lib.Checkpointer.reader(workdir)
   steps = exports.steps_to_average(reader, last)
   extra = exports.read_step(reader, steps[-1], reader.restore_extra)
   mean = exports.mean_params(reader, steps, _abstract_params_of(extra))
   exports.export_params(out, mean, dict(
-      extra, steps=steps, source=reader.directory))
+      extra, steps=steps, source=reader.directory), keep_provenance)
   return steps

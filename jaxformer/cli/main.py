@@ -165,13 +165,11 @@ def cmd_predict(args, overrides) -> int:
   """Classification: one label per stdin line; regression: its value(s)."""
   from jaxformer.inference import predict
   model = load_trained(args, overrides)
-  lines = list(input_lines(args))
-  for start in range(0, len(lines), args.batch_size):
-    for output in predict.predict(model.params, model.model_config,
-                                  model.config, model.source_tok,
-                                  lines[start:start + args.batch_size]):
-      print(output if isinstance(output, str)
-            else ' '.join(f'{value:.6g}' for value in output), flush=True)
+  for output in predict.predict_lines(model.params, model.model_config,
+                                      model.config, model.source_tok,
+                                      input_lines(args), args.batch_size):
+    print(output if isinstance(output, str)
+          else ' '.join(f'{value:.6g}' for value in output), flush=True)
   return 0
 
 
@@ -203,7 +201,8 @@ def cmd_evaluate(args, overrides) -> int:
 
 def cmd_average(args, overrides) -> int:
   from jaxformer.checkpoints import trained
-  steps = trained.average(args.workdir, args.last, args.out)
+  steps = trained.average(args.workdir, args.last, args.out,
+                          args.keep_provenance)
   print(f'Wrote the mean parameters of steps {steps} to {args.out}; use it '
         f'like a workdir: jaxformer translate --workdir {args.out}')
   return 0
@@ -227,7 +226,8 @@ def cmd_export(args, overrides) -> int:
     folders.check_new(args.out)
   from jaxformer.checkpoints import trained
   if args.format == 'jaxformer':
-    step = trained.export(args.workdir, args.out, args.checkpoint)
+    step = trained.export(args.workdir, args.out, args.checkpoint,
+                          args.keep_provenance)
     print(f'Wrote the parameters of step {step} to {args.out}; use it like a '
           f'workdir: jaxformer translate --workdir {args.out}')
     return 0
@@ -251,7 +251,8 @@ def cmd_import(args, overrides) -> int:
   from jaxformer.config.settings import default_config
   from jaxformer.interop import marian
   config = marian.import_folder(args.from_, args.out, default_config(),
-                                warn=marian.main_warn)
+                                warn=marian.main_warn,
+                                keep_provenance=args.keep_provenance)
   print(marian.report(config, args.out))
   return 0
 
@@ -329,6 +330,12 @@ def cmd_compile(args, overrides) -> int:
     print(f'jaxformer compile: {misfits}', file=sys.stderr)
     return 1
   return 0
+
+
+def add_provenance_arg(p) -> None:
+  p.add_argument('--keep-provenance', action='store_true',
+                 help='record in the export where it came from (the '
+                 'workdir or folder) and the data paths of its config')
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -424,6 +431,7 @@ def build_parser() -> argparse.ArgumentParser:
                        help='how many of the newest checkpoints (default 5)')
   average.add_argument('--out', required=True,
                        help='directory to create for the export')
+  add_provenance_arg(average)
   average.set_defaults(run=cmd_average)
 
   export = commands.add_parser(
@@ -441,6 +449,7 @@ def build_parser() -> argparse.ArgumentParser:
   export.add_argument('--quantization', default=None,
                       help='ct2 weights: int8, int8_float32, bfloat16 or '
                       'float16 (default: float32)')
+  add_provenance_arg(export)
   export.set_defaults(run=cmd_export)
 
   import_ = commands.add_parser(
@@ -452,6 +461,7 @@ def build_parser() -> argparse.ArgumentParser:
                        'vocab.json')
   import_.add_argument('--out', required=True,
                        help='directory to create for the export')
+  add_provenance_arg(import_)
   import_.set_defaults(run=cmd_import)
 
   compile_ = commands.add_parser(
@@ -481,14 +491,14 @@ def main(argv=None) -> int:
           f'not to `jaxformer {args.command}`.', file=sys.stderr)
     return 2
   cache = None
-  if args.command not in ('curves', 'average', 'export'):
-    from jaxformer.runtime import compilation_cache
-    cache = compilation_cache.enable(  # Before anything compiles.
-        jax_cache=args.command != 'compile')
-    if args.command in ('train', 'compile'):
-      print(f'jaxformer: compilation cache: {cache or "off"} '
-            f'({compilation_cache.ENV}=DIR or off)', flush=True)
   try:
+    if args.command not in ('curves', 'average', 'export'):
+      from jaxformer.runtime import compilation_cache
+      cache = compilation_cache.enable(  # Before anything compiles.
+          jax_cache=args.command != 'compile')
+      if args.command in ('train', 'compile'):
+        print(f'jaxformer: compilation cache: {cache or "off"} '
+              f'({compilation_cache.ENV}=DIR or off)', flush=True)
     status = args.run(args, overrides)
     if cache and args.command == 'train':
       print(f'jaxformer: {compilation_cache.summary()}', flush=True)

@@ -15,6 +15,9 @@ jaxformer.storage.paths reads (local paths, gs://...).
 Every problem with the input raises `DataError` (a ValueError) whose message
 names the file, the line and the fix; a missing file raises `MissingFileError`,
 which is also a FileNotFoundError.
+
+Input is bounded: a line holds at most `max_line_bytes()` bytes, a file
+read whole (a tokenizer model, vocab.json) MAX_FILE_BYTES once gunzipped.
 """
 
 from __future__ import annotations
@@ -23,6 +26,7 @@ import codecs
 import contextlib
 import gzip
 import itertools
+import os
 import zlib
 from collections.abc import Iterable, Iterator
 
@@ -60,17 +64,55 @@ def _storage_errors(path: str):
                     f'{str(e).splitlines()[0] if str(e) else ""}') from None
 
 
-def read_bytes(path: str) -> bytes:
-  """Contents of a local or gs:// file, gunzipped if its name ends in '.gz'."""
-  with _storage_errors(path):
-    data = paths.read_bytes(path)
-  if path.endswith('.gz'):
-    try:
-      data = gzip.decompress(data)
-    except (OSError, EOFError, zlib.error) as e:
-      raise DataError(f'{path}: not a valid gzip file ({e}); decompress it or '
-                      'drop the .gz suffix if it is plain text') from None
+MAX_LINE_BYTES = 8 << 20
+LINE_BYTES_ENV = 'JAXFORMER_MAX_LINE_BYTES'
+MAX_FILE_BYTES = 64 << 20
+_BLOCK_BYTES = 1 << 24
+
+
+def max_line_bytes(environ=os.environ) -> int:
+  """The longest line read: $JAXFORMER_MAX_LINE_BYTES, else MAX_LINE_BYTES."""
+  text = environ.get(LINE_BYTES_ENV, '').strip() or str(MAX_LINE_BYTES)
+  if not text.isdigit() or not int(text):
+    raise DataError(f'{LINE_BYTES_ENV}={text!r} is not a positive number of '
+                    'bytes; unset it or give one, e.g. 16777216')
+  return int(text)
+
+
+def _too_long(name: str, number: int, limit: int) -> DataError:
+  return DataError(
+      f'{name}:{number}: the line is longer than {limit} bytes; split it (is '
+      f'this the right file?), or raise the limit with {LINE_BYTES_ENV}=BYTES')
+
+
+def read_bytes(path: str, limit: int = MAX_FILE_BYTES) -> bytes:
+  """Contents of a local or gs:// file, gunzipped if its name ends in '.gz';
+  raises DataError if there are more than `limit` bytes (once gunzipped)."""
+  with _binary_stream(path) as stream, _gzip_errors(path):
+    data = stream.read(limit + 1)
+  if len(data) > limit:
+    raise DataError(f'{path}: more than {limit} bytes'
+                    f'{" once decompressed" if path.endswith(".gz") else ""}; '
+                    'is this the right file?')
   return data
+
+
+def _stream_lines(stream, name: str, limit: int) -> Iterator[bytes]:
+  """The lines of a binary stream as its bytes come (read1: a pipe's line is
+  not held back), up to an unended line over `limit` bytes: a DataError."""
+  read = getattr(stream, 'read1', None) or stream.read
+  line, number = bytearray(), 1
+  while chunk := read(1 << 16):
+    *ended, rest = chunk.split(b'\n')
+    for piece in ended:
+      yield bytes(line + piece)
+      line.clear()
+      number += 1
+    line += rest
+    if len(line) > limit:
+      raise _too_long(name, number, limit)
+  if line:
+    yield bytes(line)
 
 
 def decode_lines(lines: Iterable[bytes], name: str, errors: str = 'strict',
@@ -78,9 +120,15 @@ def decode_lines(lines: Iterable[bytes], name: str, errors: str = 'strict',
   """`lines` (bytes, e.g. a binary stream) as text without line endings.
 
   Undecodable bytes become U+FFFD with errors='replace'; with 'strict' they
-  raise a DataError naming `name`, the line and the byte (and `fix`).
+  raise a DataError naming `name`, the line and the byte (and `fix`), as
+  does a line over `max_line_bytes()` (before it is read whole).
   """
+  limit = max_line_bytes()
+  if hasattr(lines, 'read'):
+    lines = _stream_lines(lines, name, limit)
   for number, raw in enumerate(lines, start=1):
+    if len(raw.rstrip(b'\r\n')) > limit:
+      raise _too_long(name, number, limit)
     if number == 1 and raw.startswith(codecs.BOM_UTF8):
       raw = raw[len(codecs.BOM_UTF8):]
     try:
@@ -93,9 +141,6 @@ def decode_lines(lines: Iterable[bytes], name: str, errors: str = 'strict',
     yield text.rstrip('\r\n')
 
 
-_BLOCK_BYTES = 1 << 24
-
-
 def _binary_stream(path: str):
   """An open binary stream of `path`, gunzipping if its name ends in '.gz'."""
   with _storage_errors(path):
@@ -103,28 +148,53 @@ def _binary_stream(path: str):
   return gzip.GzipFile(fileobj=stream, mode='rb') if path.endswith('.gz') else stream
 
 
+@contextlib.contextmanager
+def _gzip_errors(path: str):
+  """Errors of reading `path` (a damaged .gz) as DataErrors that name it."""
+  try:
+    yield
+  except (OSError, EOFError, zlib.error) as e:
+    if not path.endswith('.gz'):
+      raise DataError(f'{path}: cannot read it: {type(e).__name__}: '
+                      f'{e}') from None
+    raise DataError(f'{path}: not a valid gzip file ({e}); decompress it '
+                    'or drop the .gz suffix if it is plain text') from None
+
+
+def _long_line(data: bytes, limit: int) -> int | None:
+  """Where the first line of `data` over `limit` bytes starts (the unended
+  last one too), or None; one search per `limit` bytes, not per line."""
+  start = 0
+  while len(data) - start > limit:
+    newline = data.rfind(b'\n', start, start + limit + 1)
+    if newline == -1:
+      return start
+    start = newline + 1
+  return None
+
+
 def _blocks(path: str) -> Iterator[bytes]:
   """The bytes of `path` (gunzipped), in blocks that each end after a
-  newline, except perhaps the last."""
+  newline, except perhaps the last; a line longer than `max_line_bytes()`
+  raises a DataError naming it, at most a block after its start."""
+  limit = max_line_bytes()
   with _binary_stream(path) as stream:
-    rest = b''
+    rest, lines = b'', 0
     while True:
-      try:
+      with _gzip_errors(path):
         block = stream.read(_BLOCK_BYTES)
-      except (OSError, EOFError, zlib.error) as e:
-        if not path.endswith('.gz'):
-          raise DataError(f'{path}: cannot read it: {type(e).__name__}: '
-                          f'{e}') from None
-        raise DataError(f'{path}: not a valid gzip file ({e}); decompress it '
-                        'or drop the .gz suffix if it is plain text') from None
       if not block:
         break
-      end = block.rfind(b'\n') + 1
-      if not end:
-        rest += block
-        continue
-      yield rest + block[:end]
-      rest = block[end:]
+      data = rest + block
+      del rest, block
+      start = _long_line(data, limit)
+      if start is not None:
+        raise _too_long(path, lines + data.count(b'\n', 0, start) + 1, limit)
+      end = data.rfind(b'\n') + 1
+      if end:
+        lines += data.count(b'\n', 0, end)
+        yield data[:end]
+      rest = data[end:]
     if rest:
       yield rest
 

@@ -33,6 +33,19 @@ _POLL_SECONDS = 1.0
 # key-value store (a path component, once a cache key), checked on receipt.
 SHA256 = '[0-9a-f]{64}'
 
+# Where only the first N tokens of a text are used, only its first
+# N * CHARS_PER_TOKEN characters are encoded, so that a long line costs no
+# more than a short one. A SentencePiece piece has at most 16 characters
+# (the trainer's default max_sentencepiece_length): the cut keeps every
+# token used, except after long runs of spaces (which normalisation drops).
+CHARS_PER_TOKEN = 32
+
+
+def cut_to_tokens(text: str, max_tokens: int) -> str:
+  """The start of `text` that its first `max_tokens` tokens come from
+  (CHARS_PER_TOKEN characters each), to encode instead of all of it."""
+  return text[:max(max_tokens, 1) * CHARS_PER_TOKEN]
+
 
 class Tokenizer:
   """A SentencePiece model whose special ids are PAD/EOS/UNK/BOS = 0/1/2/3."""

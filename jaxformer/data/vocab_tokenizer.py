@@ -142,8 +142,13 @@ class VocabTokenizer:
 
 
 def read_json(path: str) -> dict:
-  with open(path, encoding='utf-8') as f:
-    return json.load(f)
+  """The JSON of the file `path`, read only if it holds at most
+  `sources.MAX_FILE_BYTES`; else, or if it is not JSON, a DataError."""
+  data = sources.read_bytes(path)
+  try:
+    return json.loads(data)
+  except ValueError as e:
+    raise sources.DataError(f'{path} is not JSON ({e})') from None
 
 
 def from_marian_folder(folder: str) -> tuple[VocabTokenizer, VocabTokenizer]:
@@ -157,18 +162,14 @@ def from_marian_folder(folder: str) -> tuple[VocabTokenizer, VocabTokenizer]:
                               'source.spm, target.spm and vocab.json')
     return full
 
-  def read(name):
-    with open(path(name), 'rb') as f:
-      return f.read()
-
   def vocab(name):
-    try:
-      return vocabulary_list(read_json(path(name)), path(name))
-    except (ValueError, AttributeError) as e:
-      raise sources.DataError(f'{path(name)}: not a JSON piece -> id '
-                              f'mapping ({e})') from None
+    mapping = read_json(path(name))
+    if not isinstance(mapping, dict):
+      raise sources.DataError(f'{path(name)}: not a JSON piece -> id mapping')
+    return vocabulary_list(mapping, path(name))
 
-  source_model, target_model = read('source.spm'), read('target.spm')
+  source_model, target_model = (sources.read_bytes(path('source.spm')),
+                                 sources.read_bytes(path('target.spm')))
   source_pieces = vocab('vocab.json')
   separate = os.path.isfile(os.path.join(folder, 'target_vocab.json'))
   if separate:

@@ -14,7 +14,7 @@ from jaxformer.inference import search
 from jaxformer.parallel import mesh as mesh_lib
 from jaxformer.data import pipeline
 from jaxformer.data import sources
-from jaxformer.data.tokenizer import Tokenizer
+from jaxformer.data.tokenizer import Tokenizer, cut_to_tokens
 from jaxformer.model.config import ModelConfig
 
 
@@ -59,12 +59,17 @@ def encode_sources(source_tok: Tokenizer, sentences: Sequence[str],
                    ) -> tuple[np.ndarray, list[int]]:
   """Token rows [len(sentences), width] (width a multiple of 16, so few
   shapes compile) and the indices of truncated sentences. An empty line
-  becomes an all-padding row (the tokenizer's pad_id)."""
-  ids = [source_tok.encode([s])[0] if s.strip() else [] for s in sentences]
-  too_long = [i for i, row in enumerate(ids) if len(row) > max_length]
+  becomes an all-padding row (the tokenizer's pad_id). Only the start of a
+  long sentence is encoded (`cut_to_tokens`)."""
+  cut = [cut_to_tokens(s, max_length + 1) for s in sentences]
+  ids = [source_tok.encode([s])[0] if s.strip() else [] for s in cut]
+  more = ['+' if len(c) < len(s) else '' for c, s in zip(cut, sentences)]
+  too_long = [i for i, row in enumerate(ids)
+              if len(row) > max_length or more[i]]
   if too_long and on_too_long == 'error':
+    first = too_long[0]
     raise ValueError(
-        f'Line {too_long[0] + 1} has {len(ids[too_long[0]])} tokens, more '
+        f'Line {first + 1} has {len(ids[first])}{more[first]} tokens, more '
         f'than the model maximum {max_length}; shorten it or drop '
         '--on-too-long=error to truncate.')
   width = _round_up(max(1, max((min(len(r), max_length) for r in ids),

@@ -19,6 +19,7 @@ to a temporary folder beside `out` and renamed when complete.
 import base64
 import json
 import os
+import re
 import shutil
 import sys
 from typing import Callable
@@ -56,8 +57,8 @@ def _read_config(folder: str) -> dict:
                        'download Helsinki-NLP/opus-mt-en-de --local-dir DIR`)')
   try:
     config = vocab_tokenizer.read_json(path)
-  except ValueError as e:
-    raise MarianImportError(f'{path} is not JSON ({e})') from None
+  except sources.DataError as e:
+    raise MarianImportError(str(e)) from None
   if config.get('model_type') != 'marian':
     raise MarianImportError(f'{path}: model_type is {config.get("model_type")!r}, '
                        "not 'marian'; only Marian (OPUS-MT) models import")
@@ -260,9 +261,27 @@ def _zero_pad_rows(params: dict, config: ModelConfig, warn) -> None:
       table[config.pad_id] = 0.0
 
 
+# The first torch whose torch.load(weights_only=True) has no known way to
+# run code (CVE-2025-32434 below 2.6, CVE-2026-24747 below 2.10); also
+# pyproject.toml's floor.
+TORCH_FLOOR = (2, 10)
+
+
+def check_torch_version(version: str, path: str) -> None:
+  """Raises unless torch `version` ('2.13.0+cpu') may unpickle `path`."""
+  match = re.match(r'(\d+)\.(\d+)', version)
+  floor = '.'.join(map(str, TORCH_FLOOR))
+  if not match or tuple(map(int, match.groups())) < TORCH_FLOOR:
+    raise MarianImportError(
+        f'{path}: torch {version} is installed, and below torch {floor} '
+        'torch.load(weights_only=True) can be made to run code '
+        f'(CVE-2025-32434, CVE-2026-24747); pip install "torch>={floor}", or '
+        'use the folder\'s model.safetensors (read without torch)')
+
+
 def read_weights(folder: str) -> dict:
-  """{name: float32 array} of model.safetensors (numpy only) or
-  pytorch_model.bin (torch)."""
+  """{name: float32 array} of model.safetensors (numpy only), else of
+  pytorch_model.bin (torch at least TORCH_FLOOR)."""
   path = os.path.join(folder, 'model.safetensors')
   if os.path.isfile(path):
     from safetensors import SafetensorError
@@ -282,6 +301,7 @@ def read_weights(folder: str) -> dict:
     except ImportError:
       raise MarianImportError(f'{path} needs torch (pip install torch), or '
                          'convert it to model.safetensors') from None
+    check_torch_version(torch.__version__, path)
     try:
       state = torch.load(path, map_location='cpu', weights_only=True)
     except Exception as e:  # noqa: BLE001 - torch raises many kinds.
@@ -329,9 +349,11 @@ def run_config(base, config: ModelConfig, source, target):
 
 
 def import_folder(folder: str, out: str, base_config,
-                  warn: Callable[[str], None] = print) -> ModelConfig:
+                  warn: Callable[[str], None] = print,
+                  keep_provenance: bool = False) -> ModelConfig:
   """Writes the jaxformer export of the Marian model in `folder` to `out`
-  (which must not exist); returns its ModelConfig."""
+  (which must not exist; it records `folder` if `keep_provenance`);
+  returns its ModelConfig."""
   folder = os.path.abspath(folder)
   out = os.path.abspath(out)
   if not os.path.isdir(folder):
@@ -349,7 +371,7 @@ def import_folder(folder: str, out: str, base_config,
            'steps': [0], 'source': folder}
   partial = f'{out}.partial-{os.getpid()}'
   try:
-    exports.export_params(partial, params, extra)
+    exports.export_params(partial, params, extra, keep_provenance)
     os.rename(partial, out)
   finally:
     shutil.rmtree(partial, ignore_errors=True)

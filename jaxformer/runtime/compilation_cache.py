@@ -12,10 +12,15 @@ least recently used entries go first), which makes JAX read and write it
 under a file lock, so processes running at once can share it too. JAX
 writes entries from process 0 only: on several hosts the others find them
 only in a directory all of them read (e.g. a bucket).
+
+JAX runs what it loads from the cache without checking it, so whoever can
+write the directory runs code in every process that uses it
+(docs/security.md): a local directory that others can write is refused.
 """
 import collections
 import importlib.util
 import os
+import stat
 
 import jax
 
@@ -44,6 +49,44 @@ def directory(environ=os.environ) -> str | None:
   return os.path.join(home, 'jaxformer', 'xla')
 
 
+class CacheError(ValueError):
+  """The cache directory is not safe to load programs from."""
+
+
+def _others_can_write(mode: int, itself: bool) -> bool:
+  """Whether other users can add files to a directory of `mode`, or (for a
+  folder above the cache, not `itself`) rename the cache: world-writable,
+  and for a folder above without the sticky bit (/tmp's) that stops that."""
+  return bool(mode & stat.S_IWOTH) and (itself or not mode & stat.S_ISVTX)
+
+
+def check_private(path: str) -> None:
+  """Raises CacheError if users other than this one (and root) can write
+  the local directory `path` or replace it: it is world-writable or owned
+  by another user, or a folder above it is world-writable (without the
+  sticky bit)."""
+  path = os.path.realpath(path)
+  instead = (f'set {ENV}=DIR to a directory only the job\'s user can '
+             f'write, or {ENV}=off')
+  owner = os.stat(path).st_uid
+  if owner not in (os.getuid(), 0):
+    raise CacheError(
+        f'the compilation cache {path} belongs to user {owner}, not to this '
+        f'one ({os.getuid()}), and JAX runs the programs it loads from it '
+        f'unchecked; {instead}')
+  folder = path
+  while True:
+    if _others_can_write(os.stat(folder).st_mode, folder == path):
+      where = '' if folder == path else f' is under {folder}, which'
+      raise CacheError(
+          f'the compilation cache {path}{where} is writable by every user, '
+          'and JAX runs the programs it loads from it unchecked; run '
+          f'`chmod o-w {folder}`, or {instead}')
+    if folder == os.path.dirname(folder):
+      return
+    folder = os.path.dirname(folder)
+
+
 def enable(environ=os.environ, jax_cache: bool = True) -> str | None:
   """Points JAX's persistent compilation cache at `directory(environ)` (or
   turns it off: also with jax_cache=False, for `jaxformer compile`, whose
@@ -56,6 +99,7 @@ def enable(environ=os.environ, jax_cache: bool = True) -> str | None:
     return path
   if '://' not in path:
     os.makedirs(path, exist_ok=True)
+    check_private(path)
     if (jax.config.jax_compilation_cache_max_size == -1  # Not set by the user.
         and importlib.util.find_spec('filelock')):  # JAX's lock needs it.
       jax.config.update('jax_compilation_cache_max_size', LOCAL_MAX_BYTES)

@@ -5,6 +5,7 @@ computes PyTorch's logits, decodes as `generate` does, and tokenises as
 The folders are random-weight `MarianMTModel`s with SentencePiece models
 trained here (no hub): see marian_folders.py.
 """
+import json
 import os
 import shutil
 
@@ -19,6 +20,7 @@ import marian_folders  # noqa: E402
 
 from jaxformer.cli import main as cli
 from jaxformer.inference import beam_search, search
+from jaxformer.interop import marian
 from jaxformer.checkpoints import trained
 from jaxformer.model import EncoderDecoder  # noqa: E402
 
@@ -273,3 +275,50 @@ def test_a_nonzero_pad_row_is_reported_and_imported_as_zeros(
   model = trained.load(str(tmp_path / 'out'))
   table = np.asarray(model.params['source_embed']['embedding'])
   assert not table[model.model_config.pad_id].any()
+
+
+# ----------------------------------------------- what the import trusts ---
+
+def with_bin_weights(good_folder, tmp_path, keep_safetensors: bool):
+  """A copy of the good folder with its weights as pytorch_model.bin too
+  (or only)."""
+  from safetensors.torch import load_file
+
+  def convert(folder):
+    torch.save(load_file(folder / 'model.safetensors'),
+               folder / 'pytorch_model.bin')
+    if not keep_safetensors:
+      (folder / 'model.safetensors').unlink()
+  return broken_copy(good_folder, tmp_path, convert)
+
+
+def test_bin_weights_need_a_torch_whose_weights_only_load_is_safe(
+    good_folder, tmp_path, capsys, monkeypatch):
+  """Below torch 2.10 torch.load(weights_only=True) can be made to run
+  code (CVE-2025-32434, CVE-2026-24747): such a torch never unpickles."""
+  folder = with_bin_weights(good_folder, tmp_path, keep_safetensors=False)
+  assert marian.read_weights(str(folder))  # This torch: pyproject's floor.
+  monkeypatch.setattr(torch, '__version__', '2.5.1+cpu')
+  monkeypatch.setattr(torch, 'load', None)  # Never reached.
+  fails_with_one_line(folder, tmp_path, capsys, 'pytorch_model.bin',
+                      'torch 2.5.1+cpu is installed', 'torch>=2.10',
+                      'model.safetensors')
+
+
+def test_safetensors_are_read_whenever_the_folder_has_them(
+    good_folder, tmp_path, monkeypatch):
+  folder = with_bin_weights(good_folder, tmp_path, keep_safetensors=True)
+  (folder / 'pytorch_model.bin').write_bytes(b'not read')
+  monkeypatch.setattr(torch, '__version__', '2.5.1')
+  assert marian.read_weights(str(folder))
+
+
+def test_the_import_records_its_folder_only_when_asked(good_folder, tmp_path):
+  from jaxformer.checkpoints import exports
+  for flags, source in (([], ''), (['--keep-provenance'], str(good_folder))):
+    out = tmp_path / f'out{len(flags)}'
+    assert cli.main(['import', '--from', str(good_folder), '--out', str(out),
+                     *flags]) == 0
+    extra, _ = exports.restore_export(str(out))
+    assert extra['source'] == source
+    assert (str(good_folder) in json.dumps(extra)) == bool(flags)
