@@ -1,6 +1,8 @@
 """What the commands' arguments share: the usage line of config overrides,
-and argparse types for numbers in range."""
+and argparse types for numbers in range and for paths."""
 import argparse
+
+from jaxformer.storage import paths
 
 USAGE_OVERRIDES = ('Config overrides: --config.KEY=VALUE (e.g. '
                    '--config.train.num_steps=2000).')
@@ -27,3 +29,13 @@ def number(kind, allowed_name: str):
 POSITIVE_INT = number(int, 'POSITIVE')
 NON_NEGATIVE_INT = number(int, 'NON_NEGATIVE')
 NON_NEGATIVE_FLOAT = number(float, 'NON_NEGATIVE')
+
+
+def path(text: str) -> str:
+  """An argparse type: a file or directory as people type it (relative to
+  the working directory, `~/...`, or gs://...), made absolute once here so
+  that every layer below, Orbax included, gets one spelling of it."""
+  if not text.strip():
+    raise argparse.ArgumentTypeError('an empty path; name a file or '
+                                     'directory')
+  return paths.absolute(text)

@@ -1,6 +1,6 @@
 """The commands that write a model in another form: average, export and
 import."""
-from jaxformer.cli.arguments import NON_NEGATIVE_INT, POSITIVE_INT
+from jaxformer.cli.arguments import NON_NEGATIVE_INT, POSITIVE_INT, path
 
 
 def cmd_average(args, overrides) -> int:
@@ -63,10 +63,11 @@ def add_parsers(commands) -> None:
   average = commands.add_parser(
       'average', help='average the parameters of the last N checkpoints '
       'into a parameters-only export')
-  average.add_argument('--workdir', required=True, help='a training workdir')
+  average.add_argument('--workdir', required=True, type=path,
+                       help='a training workdir')
   average.add_argument('--last', type=POSITIVE_INT, default=5,
                        help='how many of the newest checkpoints (default 5)')
-  average.add_argument('--out', required=True,
+  average.add_argument('--out', required=True, type=path,
                        help='directory to create for the export')
   average.set_defaults(run=cmd_average)
 
@@ -74,10 +75,11 @@ def add_parsers(commands) -> None:
       'export', help='write one checkpoint as a parameters-only jaxformer '
       'export (default), a CTranslate2 model or a Hugging Face Marian folder')
   export.add_argument('--workdir', '--from', dest='workdir', required=True,
+                      type=path,
                       help='a training workdir or a jaxformer export')
   export.add_argument('--checkpoint', type=NON_NEGATIVE_INT, default=None,
                       help='step to use (default: the latest)')
-  export.add_argument('--out', required=True,
+  export.add_argument('--out', required=True, type=path,
                       help='directory to create for the export')
   export.add_argument('--format', default='jaxformer',
                       help='jaxformer (default), ct2 (CTranslate2) or hf '
@@ -90,10 +92,10 @@ def add_parsers(commands) -> None:
   import_ = commands.add_parser(
       'import', help='convert a Hugging Face Marian (OPUS-MT) folder into a '
       'jaxformer export (translate, evaluate, fine-tune it)')
-  import_.add_argument('--from', dest='from_', required=True,
+  import_.add_argument('--from', dest='from_', required=True, type=path,
                        help='a local folder: config.json, model.safetensors '
                        '(or pytorch_model.bin), source.spm, target.spm, '
                        'vocab.json')
-  import_.add_argument('--out', required=True,
+  import_.add_argument('--out', required=True, type=path,
                        help='directory to create for the export')
   import_.set_defaults(run=cmd_import)

@@ -5,7 +5,7 @@ import json
 import sys
 
 from jaxformer.cli.arguments import (NON_NEGATIVE_FLOAT, NON_NEGATIVE_INT,
-                                     POSITIVE_INT, number)
+                                     POSITIVE_INT, number, path)
 from jaxformer.storage import paths
 
 
@@ -17,16 +17,23 @@ def input_lines(args):
   else:  # A text stream without .buffer (an embedding program's) re-encoded.
     stream = getattr(sys.stdin, 'buffer', None) or (
         line.encode('utf-8', 'surrogateescape') for line in sys.stdin)
-  return sources.decode_lines(
+  lines = sources.decode_lines(
       stream, args.input or '<stdin>',
       'replace' if args.invalid_utf8 == 'replace' else 'strict',
       fix=', or pass --invalid-utf8=replace to replace undecodable bytes '
       'with U+FFFD')
+  return _closing(lines, stream) if args.input else lines
+
+
+def _closing(lines, stream):
+  """`lines`, then `stream` closed (also when the reader stops early)."""
+  with stream:
+    yield from lines
 
 
 def add_input_args(p, what: str) -> None:
-  p.add_argument('--input', help=f'a file of {what}, one per line (default: '
-                 'stdin); UTF-8')
+  p.add_argument('--input', type=path, help=f'a file of {what}, one per '
+                 'line (default: stdin); UTF-8')
   p.add_argument('--invalid-utf8', choices=('error', 'replace'),
                  default='error', help='on a line that is not UTF-8: stop '
                  'with an error naming it (default), or replace the '
@@ -36,15 +43,18 @@ def add_input_args(p, what: str) -> None:
 def load_trained(args, overrides):
   """The trained model of --workdir (--checkpoint), its saved config with
   `overrides` applied: keys that leave the model as trained (decode.*,
-  eval.*, the data files...), as a resumed run may change them."""
+  eval.*, the data files...), as a resumed run may change them; the paths
+  they name are made absolute."""
   import dataclasses
   from jaxformer.checkpoints import manager as checkpoint_lib
+  from jaxformer.config import path_keys
   from jaxformer.config import settings as config_lib
   from jaxformer.checkpoints import trained
   model = trained.load(args.workdir, args.checkpoint)
   if not overrides:
     return model
-  config = config_lib.with_overrides(model.config, overrides)
+  config = path_keys.resolve_paths(
+      config_lib.with_overrides(model.config, overrides))
   changed = checkpoint_lib.incompatible_keys(model.config.to_dict(),
                                              config.to_dict())
   if changed:
@@ -175,7 +185,8 @@ def add_model_args(p, overrides=True):
   if overrides:
     p.epilog = ('Config overrides of the saved config (decode.*, eval.*, '
                 'the data files): --config.KEY=VALUE.')
-  p.add_argument('--workdir', required=True, help='a training workdir')
+  p.add_argument('--workdir', required=True, type=path,
+                 help='a training workdir')
   p.add_argument('--checkpoint', type=NON_NEGATIVE_INT, default=None,
                  help='step to use (default: the latest)')
 
@@ -236,11 +247,12 @@ def add_parsers(commands) -> None:
   attention.add_argument('--layer', type=NON_NEGATIVE_INT, default=0)
   attention.add_argument('--head', type=NON_NEGATIVE_INT, default=None,
                          help='default: the mean over heads')
-  attention.add_argument('--out', required=True, help='a .png path')
+  attention.add_argument('--out', required=True, type=path,
+                         help='a .png path')
   attention.set_defaults(run=cmd_attention)
 
   curves = commands.add_parser('curves',
                                help='plot loss/BLEU curves of a run')
-  curves.add_argument('--workdir', required=True)
-  curves.add_argument('--out', required=True, help='a .png path')
+  curves.add_argument('--workdir', required=True, type=path)
+  curves.add_argument('--out', required=True, type=path, help='a .png path')
   curves.set_defaults(run=cmd_curves)

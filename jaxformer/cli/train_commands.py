@@ -3,7 +3,7 @@ translation report after it) and `jaxformer compile`."""
 import json
 import sys
 
-from jaxformer.cli.arguments import USAGE_OVERRIDES
+from jaxformer.cli.arguments import USAGE_OVERRIDES, path
 from jaxformer.storage import paths
 
 
@@ -84,7 +84,7 @@ def add_train(commands) -> None:
                               epilog=USAGE_OVERRIDES)
   train.add_argument('--config', required=True,
                      help='config file, e.g. configs/quickstart.py')
-  train.add_argument('--workdir', required=True,
+  train.add_argument('--workdir', required=True, type=path,
                      help='where checkpoints, metrics and the tokenizer go')
   train.set_defaults(run=cmd_train)
 
@@ -103,5 +103,6 @@ def add_compile(commands) -> None:
   compile_.add_argument('--buckets', default='all',
                         help="bucket widths of the train step to compile, "
                         "e.g. 8,256 (default: all; 'pack' has one shape)")
-  compile_.add_argument('--json', help='also write the report to this file')
+  compile_.add_argument('--json', type=path,
+                        help='also write the report to this file')
   compile_.set_defaults(run=cmd_compile)
