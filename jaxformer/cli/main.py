@@ -9,6 +9,7 @@ import traceback
 from jaxformer.cli import (exiting, export_commands, model_commands,
                            train_commands)
 from jaxformer.cli.arguments import USAGE_OVERRIDES
+from jaxformer.runtime import library_logs
 from jaxformer.storage import paths
 
 
@@ -63,9 +64,11 @@ def main(argv=None) -> int:
 
 def run() -> None:
   """The `jaxformer` program (pyproject's entry point): main, then
-  exit_process; an unexpected exception is printed with its traceback."""
+  exit_process; an unexpected exception is printed with its traceback.
+  Other libraries' own lines stay off stderr (before JAX starts)."""
   if not os.environ.get('JAXFORMER_DEBUG'):
     exiting.quiet_library_errors()
+    library_logs.quiet()
   try:
     code = main()
   except SystemExit as e:  # argparse's usage errors, --help.
