@@ -38,6 +38,7 @@ def test_config_paths_are_made_absolute_when_loaded(tmp_path, monkeypatch):
   monkeypatch.chdir(tmp_path)
   monkeypatch.setenv('HOME', str(tmp_path / 'home'))
   shutil.copytree(REPO / 'configs', tmp_path / 'configs')
+  (tmp_path / 'home').mkdir()
   config = settings.load_config('configs/finetune.py', [
       'init.pretrained=models/opus', 'data.tsv.dev=~/dev.tsv',
       'data.tsv.test=gs://bucket/test.tsv', 'data.token_cache_dir=cache'])
@@ -48,6 +49,7 @@ def test_config_paths_are_made_absolute_when_loaded(tmp_path, monkeypatch):
   assert config.data.token_cache_dir == str(tmp_path / 'cache')
   assert config.data.tokenizer.model_path == ''  # Unset stays unset.
   assert config.data.tfds.data_dir is None
+  assert settings.load_config('~/../configs/quickstart.py:runlocal')
 
 
 def test_a_run_saved_with_relative_paths_still_resumes(tmp_path, monkeypatch):
