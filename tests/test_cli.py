@@ -8,6 +8,7 @@ import pytest
 from PIL import Image
 
 from jaxformer.cli import main as cli
+from jaxformer.cli import model_commands
 
 
 @pytest.fixture(scope='module')
@@ -71,8 +72,8 @@ def test_commands_on_a_trained_model_take_overrides_that_keep_the_model(
     workdir, tmp_path, capfd):
   import argparse
   args = argparse.Namespace(workdir=workdir, checkpoint=None)
-  model = cli.load_trained(args, ['--config.decode.beam_size=3',
-                                  'decode.alpha=0.2'])
+  model = model_commands.load_trained(args, ['--config.decode.beam_size=3',
+                                             'decode.alpha=0.2'])
   assert (model.config.decode.beam_size, model.config.decode.alpha) == (3, 0.2)
   assert model.step == 10 and model.task.translates
   source = tmp_path / 'one.txt'

@@ -45,6 +45,7 @@ from jaxformer.inference import search
 from jaxformer.inference import evaluate
 from jaxformer.aot import hlo
 from jaxformer.run import host_plan
+from jaxformer.runtime import library_logs
 from jaxformer.parallel import mesh as mesh_lib
 from jaxformer.checkpoints import trained
 from jaxformer.data import task_batches
@@ -132,8 +133,9 @@ def topology_devices(topo: Topology) -> list:
     kwargs['chip_config_name'] = 'megacore'
   if topo.chips_per_host:
     kwargs['chips_per_host_bounds'] = topo.chips_per_host
-  description = topologies.get_topology_desc(
-      f'{topo.chip.kind}:{topo.grid}', 'tpu', **kwargs)
+  with library_logs.without_libtpu_host_lines():  # Not a TPU VM: expected.
+    description = topologies.get_topology_desc(
+        f'{topo.chip.kind}:{topo.grid}', 'tpu', **kwargs)
   return list(description.devices)
 
 

@@ -65,10 +65,18 @@ def incompatible_keys(saved: dict, current: dict, defaults: dict | None = None
   a, b = _flatten(saved), _flatten(current)
   a = {**{k: v for k, v in _flatten(defaults or {}).items() if k in b}, **a}
   changed = [k for k in sorted(set(a) | set(b))
-             if json.dumps(a.get(k)) != json.dumps(b.get(k))]
+             if not _same(a.get(k), b.get(k))]
   return [k for k in changed if not k.startswith(RESUMABLE_CHANGES)
           or (k in STATE_LAYOUT
               and STATE_LAYOUT[k](a.get(k)) != STATE_LAYOUT[k](b.get(k)))]
+
+
+def _same(saved, current) -> bool:
+  """Equal values, or a relative path that a config saved before paths were
+  made absolute at loading (config/path_keys.py) now made absolute."""
+  return json.dumps(saved) == json.dumps(current) or (
+      isinstance(saved, str) and bool(saved)
+      and paths.absolute(saved) == current)
 
 
 def _blocking_file(path: str) -> str | None:

@@ -17,6 +17,7 @@ from absl import flags
 from ml_collections import config_flags
 
 from jaxformer.config import ranges as config_ranges
+from jaxformer.config.path_keys import resolve_paths
 from jaxformer.inference import search
 from jaxformer.parallel import mesh as mesh_lib
 from jaxformer.data.defaults import default_data_config
@@ -124,8 +125,10 @@ def small_task_config(task: str, dataset: str, best_metric: str,
 
 def load_config(path_and_arg: str,
                 overrides: Sequence[str] = ()) -> ml_collections.ConfigDict:
-  """Loads `path[:arg]` and applies `key=value` overrides."""
+  """Loads `path[:arg]` and applies `key=value` overrides; the paths it
+  names (path_keys.PATH_KEYS) are made absolute."""
   path, _, arg = path_and_arg.partition(':')
+  path = os.path.expanduser(path)
   if not os.path.isfile(path):
     raise ConfigError(f'Config file {path!r} does not exist; configs live in '
                       'configs/, e.g. configs/quickstart.py.')
@@ -136,7 +139,7 @@ def load_config(path_and_arg: str,
     config = module.get_config(arg) if arg else module.get_config()
   except Exception as e:
     raise _error_in_file(path, e) from None
-  config = with_overrides(config, overrides)
+  config = resolve_paths(with_overrides(config, overrides))
   validate(config)
   return config
 

@@ -41,7 +41,10 @@ def directory(environ=os.environ) -> str | None:
   chosen = environ.get(ENV)
   if chosen is not None:
     chosen = chosen.strip()
-    return None if chosen.lower() in OFF or not chosen else chosen
+    if chosen.lower() in OFF or not chosen:
+      return None
+    return chosen if '://' in chosen else os.path.abspath(
+        os.path.expanduser(chosen))
   if environ.get('JAX_COMPILATION_CACHE_DIR'):
     return environ['JAX_COMPILATION_CACHE_DIR']
   home = environ.get('XDG_CACHE_HOME') or os.path.join(

@@ -51,9 +51,10 @@ def is_remote(path: str | os.PathLike) -> bool:
 
 
 def absolute(path: str | os.PathLike) -> str:
-  """`path` as given when remote, made absolute when local."""
+  """`path` as given when remote; when local, absolute, with `~` expanded
+  (what a shell does not expand, as in `--out=~/model`)."""
   path = os.fspath(path)
-  return path if is_remote(path) else os.path.abspath(path)
+  return path if is_remote(path) else os.path.abspath(os.path.expanduser(path))
 
 
 def join(directory: str | os.PathLike, *names: str) -> str:

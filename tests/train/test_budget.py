@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 
 from jaxformer.checkpoints import manager as checkpoint_lib
-from jaxformer.cli import main as cli
+from jaxformer.cli import train_commands
 from jaxformer.config.settings import ConfigError, load_config
 from jaxformer.run import budget as budget_lib
 from jaxformer.train import schedule as schedules
@@ -65,7 +65,7 @@ def test_budget_stops_saves_and_reports_like_a_finished_run(tmp_path, capfd):
   records = read_metrics(str(tmp_path))
   assert any(r['step'] == 12 and 'eval_loss' in r for r in records)
   assert 'budget is spent' in capfd.readouterr().out
-  cli.report_translation(run)
+  train_commands.report_translation(run)
   assert set(json.load(open(tmp_path / 'test_scores.json'))) == {
       'bleu', 'chrf', 'exact_match'}
 

@@ -1,0 +1,256 @@
+"""The commands that use a trained model (a training workdir or an
+export): translate, predict, generate, evaluate, attention; and curves,
+which plots a workdir's metrics."""
+import json
+import sys
+
+from jaxformer.cli.arguments import (NON_NEGATIVE_FLOAT, NON_NEGATIVE_INT,
+                                     POSITIVE_INT, number, path)
+from jaxformer.storage import paths
+
+
+def input_lines(args):
+  """The lines of --input (or stdin) as text, decoded as --invalid-utf8 says."""
+  from jaxformer.data import sources
+  if args.input:
+    stream = paths.open_bytes(args.input)
+  else:  # A text stream without .buffer (an embedding program's) re-encoded.
+    stream = getattr(sys.stdin, 'buffer', None) or (
+        line.encode('utf-8', 'surrogateescape') for line in sys.stdin)
+  lines = sources.decode_lines(
+      stream, args.input or '<stdin>',
+      'replace' if args.invalid_utf8 == 'replace' else 'strict',
+      fix=', or pass --invalid-utf8=replace to replace undecodable bytes '
+      'with U+FFFD')
+  return _closing(lines, stream) if args.input else lines
+
+
+def _closing(lines, stream):
+  """`lines`, then `stream` closed (also when the reader stops early)."""
+  with stream:
+    yield from lines
+
+
+def add_input_args(p, what: str) -> None:
+  p.add_argument('--input', type=path, help=f'a file of {what}, one per '
+                 'line (default: stdin); UTF-8')
+  p.add_argument('--invalid-utf8', choices=('error', 'replace'),
+                 default='error', help='on a line that is not UTF-8: stop '
+                 'with an error naming it (default), or replace the '
+                 'undecodable bytes with U+FFFD')
+
+
+def load_trained(args, overrides):
+  """The trained model of --workdir (--checkpoint), its saved config with
+  `overrides` applied: keys that leave the model as trained (decode.*,
+  eval.*, the data files...), as a resumed run may change them; the paths
+  they name are made absolute."""
+  import dataclasses
+  from jaxformer.checkpoints import manager as checkpoint_lib
+  from jaxformer.config import path_keys
+  from jaxformer.config import settings as config_lib
+  from jaxformer.checkpoints import trained
+  model = trained.load(args.workdir, args.checkpoint)
+  if not overrides:
+    return model
+  config = path_keys.resolve_paths(
+      config_lib.with_overrides(model.config, overrides))
+  changed = checkpoint_lib.incompatible_keys(model.config.to_dict(),
+                                             config.to_dict())
+  if changed:
+    raise config_lib.ConfigError(
+        f'--config.{changed[0]}: a trained model keeps the settings it was '
+        'trained with; only train.*, eval.*, decode.*, checkpoint.* and the '
+        'data files may change.')
+  return dataclasses.replace(model, config=config)
+
+
+def load_translator(args, overrides):
+  """`load_trained`, for the commands that decode translations."""
+  model = load_trained(args, overrides)
+  if not model.task.translates:
+    raise ValueError(f'`jaxformer {args.command}` needs a translation run; '
+                     f'{args.workdir} trained task={model.task.name!r} (use '
+                     '`jaxformer predict` or `jaxformer generate`).')
+  return model
+
+
+def cmd_translate(args, overrides) -> int:
+  from jaxformer.inference import evaluate
+  model = load_translator(args, overrides)
+  config = model.config
+  stream = input_lines(args)
+  beam = config.decode.beam_size if args.beam is None else args.beam
+  alpha = config.decode.alpha if args.alpha is None else args.alpha
+  extra = (config.decode.max_extra_len if args.max_extra_len is None
+           else args.max_extra_len)
+  for line in evaluate.translate(
+      model.params, model.model_config, model.source_tok, model.target_tok,
+      stream, beam_size=beam,
+      alpha=alpha, max_extra_len=extra, batch_size=args.batch_size,
+      max_source_length=config.data.max_source_length,
+      on_too_long=args.on_too_long,
+      warn=lambda text: print(text, file=sys.stderr)):
+    print(line, flush=True)
+  return 0
+
+
+def cmd_predict(args, overrides) -> int:
+  """Classification: one label per stdin line; regression: its value(s)."""
+  from jaxformer.inference import predict
+  model = load_trained(args, overrides)
+  for output in predict.predict_lines(model.params, model.model_config,
+                                      model.config, model.source_tok,
+                                      input_lines(args), args.batch_size):
+    print(output if isinstance(output, str)
+          else ' '.join(f'{value:.6g}' for value in output), flush=True)
+  return 0
+
+
+def cmd_generate(args, overrides) -> int:
+  from jaxformer.inference import predict
+  model = load_trained(args, overrides)
+  for text in predict.generate(
+      model.params, model.model_config, model.config, model.target_tok,
+      [args.prompt] * args.num,
+      seed=args.seed, max_len=args.max_len, temperature=args.temperature,
+      top_k=args.top_k, top_p=args.top_p):
+    print(text, flush=True)
+  return 0
+
+
+def cmd_evaluate(args, overrides) -> int:
+  from jaxformer.inference import evaluate
+  from jaxformer.checkpoints import trained
+  model = load_translator(args, overrides)
+  scores, hypotheses = evaluate.decode_split(
+      model.params, model.model_config, model.config, model.source_tok,
+      model.target_tok, args.split, trained.local_mesh(),
+      beam_size=args.beam, alpha=args.alpha)
+  path = paths.join(args.workdir, f'{args.split}_hypotheses.txt')
+  paths.write_text(path, '\n'.join(hypotheses) + '\n')
+  print(json.dumps(dict(scores, split=args.split, hypotheses=path), indent=2))
+  return 0
+
+
+def cmd_attention(args, overrides) -> int:
+  import numpy as np
+  from jaxformer.inference import search
+  from jaxformer.inference import evaluate
+  from jaxformer.inference import plots
+  model = load_translator(args, overrides)
+  config, model_config = model.config, model.model_config
+  source_tok, target_tok = model.source_tok, model.target_tok
+  rows, _ = evaluate.encode_sources(source_tok, [args.src],
+                                    config.data.max_source_length)
+  tokens, weights = search.greedy_decode(
+      model.params, model_config, rows, return_attention=True,
+      max_decode_len=search.decode_length(
+          rows.shape[1], config.decode.max_extra_len, model_config.max_len))
+  tokens, weights = np.asarray(tokens[0]), np.asarray(weights[0])
+  if not 0 <= args.layer < weights.shape[0]:
+    raise ValueError(f'--layer must be in [0, {weights.shape[0]}).')
+  if args.head is not None and not 0 <= args.head < weights.shape[1]:
+    raise ValueError(f'--head must be in [0, {weights.shape[1]}).')
+  source_length = int((rows[0] != model_config.pad_id).sum())
+  eos = model_config.eos_id
+  target_length = int(np.argmax(tokens == eos)) + 1 if eos in tokens else int(
+      (tokens != model_config.pad_id).sum())
+  layer = weights[args.layer]
+  grid = layer.mean(0) if args.head is None else layer[args.head]
+  grid = grid[:target_length, :source_length]
+  head = 'mean of heads' if args.head is None else f'head {args.head}'
+  plots.attention_heatmap(
+      grid, [source_tok.id_to_piece(int(t)) for t in rows[0, :source_length]],
+      [target_tok.id_to_piece(int(t)) for t in tokens[:target_length]],
+      args.out, title=f'cross-attention, layer {args.layer}, {head}')
+  print(f'{target_tok.decode(tokens)}\nwrote {args.out}')
+  return 0
+
+
+def cmd_curves(args, overrides) -> int:
+  from jaxformer.inference import plots
+  from jaxformer.run.metrics import has_metrics, metrics_path, read_metrics
+  if not has_metrics(args.workdir):
+    raise FileNotFoundError(f'{metrics_path(args.workdir)} does not exist; is '
+                            f'{args.workdir} a training workdir?')
+  plots.training_curves(read_metrics(args.workdir), args.out)
+  print(f'wrote {args.out}')
+  return 0
+
+
+def add_model_args(p, overrides=True):
+  if overrides:
+    p.epilog = ('Config overrides of the saved config (decode.*, eval.*, '
+                'the data files): --config.KEY=VALUE.')
+  p.add_argument('--workdir', required=True, type=path,
+                 help='a training workdir')
+  p.add_argument('--checkpoint', type=NON_NEGATIVE_INT, default=None,
+                 help='step to use (default: the latest)')
+
+
+def add_parsers(commands) -> None:
+  """translate, predict, generate, evaluate, attention and curves."""
+  translate = commands.add_parser(
+      'translate', help='translate lines from stdin (or --input) to stdout')
+  add_model_args(translate)
+  add_input_args(translate, 'source sentences')
+  translate.add_argument('--beam', type=POSITIVE_INT, default=None)
+  translate.add_argument('--alpha', type=NON_NEGATIVE_FLOAT, default=None)
+  translate.add_argument('--max-extra-len', type=NON_NEGATIVE_INT,
+                         default=None)
+  translate.add_argument('--batch-size', type=POSITIVE_INT, default=32)
+  translate.add_argument('--on-too-long', choices=('truncate', 'error'),
+                         default='truncate')
+  translate.set_defaults(run=cmd_translate)
+
+  predict = commands.add_parser(
+      'predict', help='classification labels or regression values of the '
+      'lines of stdin (or --input)')
+  add_model_args(predict)
+  add_input_args(predict, 'texts')
+  predict.add_argument('--batch-size', type=POSITIVE_INT, default=64)
+  predict.set_defaults(run=cmd_predict)
+
+  generate = commands.add_parser(
+      'generate', help='sample continuations of a prompt from a language model')
+  add_model_args(generate)
+  generate.add_argument('--prompt', default='', help='text to continue')
+  generate.add_argument('--num', type=POSITIVE_INT, default=1,
+                        help='samples to draw')
+  generate.add_argument('--temperature', type=NON_NEGATIVE_FLOAT, default=1.0,
+                        help='0: greedy')
+  generate.add_argument('--top-k', type=NON_NEGATIVE_INT, default=0,
+                        help='0: off')
+  generate.add_argument('--top-p', type=number(float, 'UNIT_INTERVAL'),
+                        default=1.0, help='1: off')
+  generate.add_argument('--max-len', type=NON_NEGATIVE_INT, default=0,
+                        help='tokens incl. the prompt (0: data.max_target_length)')
+  generate.add_argument('--seed', type=NON_NEGATIVE_INT, default=0)
+  generate.set_defaults(run=cmd_generate)
+
+  evaluate = commands.add_parser(
+      'evaluate', help='BLEU/chrF of a split, printed as JSON')
+  add_model_args(evaluate)
+  evaluate.add_argument('--split', default='test',
+                        choices=('train', 'dev', 'test'))
+  evaluate.add_argument('--beam', type=POSITIVE_INT, default=None)
+  evaluate.add_argument('--alpha', type=NON_NEGATIVE_FLOAT, default=None)
+  evaluate.set_defaults(run=cmd_evaluate)
+
+  attention = commands.add_parser(
+      'attention', help='plot the cross-attention of one translation')
+  add_model_args(attention)
+  attention.add_argument('--src', required=True, help='the source sentence')
+  attention.add_argument('--layer', type=NON_NEGATIVE_INT, default=0)
+  attention.add_argument('--head', type=NON_NEGATIVE_INT, default=None,
+                         help='default: the mean over heads')
+  attention.add_argument('--out', required=True, type=path,
+                         help='a .png path')
+  attention.set_defaults(run=cmd_attention)
+
+  curves = commands.add_parser('curves',
+                               help='plot loss/BLEU curves of a run')
+  curves.add_argument('--workdir', required=True, type=path)
+  curves.add_argument('--out', required=True, type=path, help='a .png path')
+  curves.set_defaults(run=cmd_curves)

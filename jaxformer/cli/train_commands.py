@@ -1,0 +1,108 @@
+"""The commands that read a config file: `jaxformer train` (and the
+translation report after it) and `jaxformer compile`."""
+import json
+import sys
+
+from jaxformer.cli.arguments import USAGE_OVERRIDES, path
+from jaxformer.storage import paths
+
+
+def cmd_train(args, overrides) -> int:
+  from jaxformer.checkpoints.manager import make_workdir
+  from jaxformer.config.settings import load_config
+  from jaxformer.run.trainer import StopRequested, Trainer
+  with StopRequested() as stop:  # A signal during setup ends it cleanly.
+    config = load_config(args.config, overrides)
+    make_workdir(args.workdir)
+    trainer = Trainer(config, args.workdir)
+    trainer.run(stop)
+  if stop.signal_name:
+    return 0
+  if trainer.finished and trainer.task.translates:
+    report_translation(trainer)
+  return 0
+
+
+def report_translation(trainer) -> None:
+  """After training: test-split scores, a few examples, and what next.
+  Every process decodes its share; process 0 prints and writes."""
+  from jaxformer.inference import evaluate
+  config = trainer.config
+  split = config.eval.final_split
+  if not split:
+    return
+  scores, hypotheses = evaluate.decode_split(
+      trainer.state.params, trainer.model_config, config, trainer.source_tok,
+      trainer.target_tok, split, trainer.mesh)
+  if not trainer.is_main:
+    return
+  from jaxformer.data import sources
+  pairs = sources.read_split(config.data, split)
+  print(f'\n{split} split ({len(pairs)} sentences, beam '
+        f'{config.decode.beam_size}): BLEU {scores["bleu"]:.2f}  chrF '
+        f'{scores["chrf"]:.2f}  exact match {scores["exact_match"]:.1f}%')
+  for (source, reference), hypothesis in list(zip(pairs, hypotheses))[
+      :config.eval.show_examples]:
+    print(f'  {source}\n    -> {hypothesis}\n    (reference: {reference})')
+  paths.write_text(paths.join(trainer.workdir, f'{split}_scores.json'),
+                   json.dumps(scores, indent=2))
+  print(f'\nTranslate your own sentences:\n  echo "she bought forty-two red '
+        f'apples ." | jaxformer translate --workdir {trainer.workdir}')
+
+
+def cmd_compile(args, overrides) -> int:
+  """Compiles the run's programs for a TPU topology; non-zero if one does
+  not fit in HBM."""
+  from jaxformer.aot import compile_run as aot
+  from jaxformer.config.settings import load_config
+  config = load_config(args.config, overrides)
+  kinds = tuple(k.strip() for k in args.programs.split(',')
+                if k.strip() not in ('', 'none'))
+  unknown = sorted(set(kinds) - {'train', 'eval', 'decode'})
+  if unknown:
+    raise ValueError(f'--programs {unknown}: choose from train, eval, '
+                     'decode, or none (the start-up of every host only).')
+  buckets = None
+  if args.buckets != 'all':
+    buckets = [int(w) for w in args.buckets.split(',')]
+  report = aot.compile_run(config, args.topology, kinds, buckets,
+                           log=lambda text: print(text, flush=True))
+  report['config'] = args.config
+  report['overrides'] = list(overrides)
+  if args.json:
+    with open(args.json, 'w') as f:
+      json.dump(report, f, indent=2)
+  misfits = aot.misfit_message(report)
+  if misfits:
+    print(f'jaxformer compile: {misfits}', file=sys.stderr)
+    return 1
+  return 0
+
+
+def add_train(commands) -> None:
+  train = commands.add_parser('train', help='train or resume a model',
+                              epilog=USAGE_OVERRIDES)
+  train.add_argument('--config', required=True,
+                     help='config file, e.g. configs/quickstart.py')
+  train.add_argument('--workdir', required=True, type=path,
+                     help='where checkpoints, metrics and the tokenizer go')
+  train.set_defaults(run=cmd_train)
+
+
+def add_compile(commands) -> None:
+  compile_ = commands.add_parser(
+      'compile', help="compile a run's programs for a TPU topology on this "
+      'machine (needs libtpu: pip install -e ".[tpu]") and report memory, '
+      'collectives and cost', epilog=USAGE_OVERRIDES)
+  compile_.add_argument('--config', required=True)
+  compile_.add_argument('--topology', required=True,
+                        help='an accelerator type: v4-8, v5e-8, v5p-64, ...')
+  compile_.add_argument('--programs', default='train,eval,decode',
+                        help='which of train, eval, decode (default: all); '
+                        'none: only the start-up of every host')
+  compile_.add_argument('--buckets', default='all',
+                        help="bucket widths of the train step to compile, "
+                        "e.g. 8,256 (default: all; 'pack' has one shape)")
+  compile_.add_argument('--json', type=path,
+                        help='also write the report to this file')
+  compile_.set_defaults(run=cmd_compile)
