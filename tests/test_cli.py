@@ -48,12 +48,18 @@ def test_translate_truncates_or_rejects_overlong_lines(workdir, tmp_path,
   assert 'more than the model maximum' in capfd.readouterr().err
 
 
-def test_evaluate_prints_bleu_as_json_and_writes_hypotheses(workdir, capfd):
+def test_evaluate_prints_bleu_as_json_and_writes_hypotheses(workdir, capfd,
+                                                           tmp_path):
+  hypotheses = tmp_path / 'dev.txt'
   assert cli.main(['evaluate', '--workdir', workdir, '--split', 'dev',
-                   '--beam', '1']) == 0
+                   '--beam', '1', '--hypotheses', str(hypotheses)]) == 0
   report = json.loads(capfd.readouterr().out)
   assert report['split'] == 'dev' and 0 <= report['bleu'] <= 100
-  assert len(open(report['hypotheses']).read().splitlines()) == 40
+  assert report['hypotheses'] == str(hypotheses)
+  assert len(hypotheses.read_text().splitlines()) == 40
+  assert cli.main(['evaluate', '--workdir', workdir, '--split', 'dev',
+                   '--beam', '1']) == 0  # Writes nothing unless asked.
+  assert 'hypotheses' not in json.loads(capfd.readouterr().out)
 
 
 def test_attention_and_curves_write_pictures(workdir, tmp_path):

@@ -359,7 +359,8 @@ def test_a_gs_workdir_resumes_exactly_after_sigkill_and_serves_the_commands(
                      '--beam', '1')
   assert len(translations.splitlines()) == 2
   scores = json.loads(run('evaluate', '--workdir', workdir, '--split', 'test',
-                          '--beam', '1'))
+                          '--beam', '1', '--hypotheses',
+                          f'{workdir}/test_hypotheses.txt'))
   assert scores['hypotheses'] == f'{workdir}/test_hypotheses.txt'
   assert len(paths.read_text(scores['hypotheses']).splitlines()) == 40
   run('average', '--workdir', workdir, '--last', '2', '--out',

@@ -100,11 +100,12 @@ def test_an_export_to_a_relative_path_is_used_like_a_workdir(exported):
 # In this process from here (quicker): the paths are the same arguments.
 
 @pytest.mark.slow
-def test_evaluate_writes_its_hypotheses_in_the_relative_workdir(
+def test_evaluate_writes_its_hypotheses_where_a_relative_path_says(
     trained, monkeypatch, capsys):
   monkeypatch.chdir(trained)
   assert cli.main(['evaluate', '--workdir', 'runs/quickstart', '--split',
-                   'test', '--beam', '1']) == 0
+                   'test', '--beam', '1', '--hypotheses',
+                   'runs/quickstart/test_hypotheses.txt']) == 0
   report = json.loads(capsys.readouterr().out)
   assert report['hypotheses'] == (
       f'{trained}/runs/quickstart/test_hypotheses.txt')

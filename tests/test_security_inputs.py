@@ -136,3 +136,42 @@ def test_without_machine_paths_keeps_everything_else():
                'max_source_length': 64},
       'model': {'d_model': 32}, 'init': {'pretrained': ''}}
   assert config['data']['tsv']['train'] == '/a'  # Not changed in place.
+
+
+# ------------------------------------- what a loaded model makes commands do
+
+
+def test_a_loaded_model_reads_only_the_data_its_user_names(workdir, tmp_path,
+                                                           capfd):
+  """The saved config names /home/alice/corpus/dev.tsv: `evaluate` does not
+  go there, but asks for the file, reads the one given, and writes nothing
+  unless told where."""
+  before = sorted(os.listdir(workdir))
+  assert cli.main(['evaluate', '--workdir', workdir, '--split', 'dev',
+                   '--beam', '1']) == 1
+  error = capfd.readouterr().err
+  assert 'data.tsv.dev' in error and MACHINE['tsv'] not in error
+  dev = tmp_path / 'dev.tsv'
+  dev.write_text('he sold three cups .\ter verkaufte drei Tassen .\n')
+  assert cli.main(['evaluate', '--workdir', workdir, '--split', 'dev',
+                   '--beam', '1', f'--config.data.tsv.dev={dev}']) == 0
+  assert 0 <= json.loads(capfd.readouterr().out)['bleu'] <= 100
+  assert sorted(os.listdir(workdir)) == before
+
+
+def test_a_saved_config_is_checked_like_a_config_file():
+  from jaxformer.config import settings
+  saved = settings.default_config()
+  saved.data.tsv.dev = '/home/alice/corpus/dev.tsv'
+  config = settings.trained_model_config(saved)
+  assert config.data.tsv.dev == '' and config.model == saved.model
+  old = saved.to_dict()
+  del old['train']['schedule_over_budget']  # Saved before the option was.
+  assert settings.trained_model_config(old).train.schedule_over_budget is (
+      saved.train.schedule_over_budget)
+  with pytest.raises(settings.ConfigError, match='saved config.data.shell'):
+    settings.trained_model_config({**saved.to_dict(), 'data': {
+        **saved.data.to_dict(), 'shell': 'rm -rf ~'}})
+  saved.data.batching = 'anything'
+  with pytest.raises(settings.ConfigError, match='data.batching'):
+    settings.trained_model_config(saved)

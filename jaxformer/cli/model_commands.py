@@ -51,11 +51,10 @@ def load_trained(args, overrides):
   from jaxformer.config import settings as config_lib
   from jaxformer.checkpoints import trained
   model = trained.load(args.workdir, args.checkpoint)
-  if not overrides:
-    return model
+  saved = config_lib.trained_model_config(model.config)
   config = path_keys.resolve_paths(
-      config_lib.with_overrides(model.config, overrides))
-  changed = checkpoint_lib.incompatible_keys(model.config.to_dict(),
+      config_lib.with_overrides(saved, overrides))
+  changed = checkpoint_lib.incompatible_keys(saved.to_dict(),
                                              config.to_dict())
   if changed:
     raise config_lib.ConfigError(
@@ -127,9 +126,11 @@ def cmd_evaluate(args, overrides) -> int:
       model.params, model.model_config, model.config, model.source_tok,
       model.target_tok, args.split, trained.local_mesh(),
       beam_size=args.beam, alpha=args.alpha)
-  path = paths.join(args.workdir, f'{args.split}_hypotheses.txt')
-  paths.write_text(path, '\n'.join(hypotheses) + '\n')
-  print(json.dumps(dict(scores, split=args.split, hypotheses=path), indent=2))
+  report = dict(scores, split=args.split)
+  if args.hypotheses:
+    paths.write_text(args.hypotheses, '\n'.join(hypotheses) + '\n')
+    report['hypotheses'] = args.hypotheses
+  print(json.dumps(report, indent=2))
   return 0
 
 
@@ -236,6 +237,9 @@ def add_parsers(commands) -> None:
                         choices=('train', 'dev', 'test'))
   evaluate.add_argument('--beam', type=POSITIVE_INT, default=None)
   evaluate.add_argument('--alpha', type=NON_NEGATIVE_FLOAT, default=None)
+  evaluate.add_argument('--hypotheses', type=path, default=None,
+                        help='file to write the decoded split to, one line '
+                        'each (default: none written)')
   evaluate.set_defaults(run=cmd_evaluate)
 
   attention = commands.add_parser(

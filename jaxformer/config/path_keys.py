@@ -2,7 +2,11 @@
 a relative path or `~/...` becomes absolute once, when a config is loaded
 (or a command's overrides applied), so that the run saves, and every layer
 below reads, one spelling that does not depend on the working directory
-(Orbax, for one, refuses relative paths). gs://... and '' (unset) stay."""
+(Orbax, for one, refuses relative paths). gs://... and '' (unset) stay.
+
+A trained model's saved config keeps none of them for a command
+(`without_paths`): what a command reads and writes comes from its user,
+never from a model someone else trained."""
 import ml_collections
 
 from jaxformer.storage import paths
@@ -19,9 +23,9 @@ PATH_KEYS = (
        'data.token_cache_dir'))
 
 
-def resolve_paths(config: ml_collections.ConfigDict
-                  ) -> ml_collections.ConfigDict:
-  """A copy of `config` whose PATH_KEYS that are set are absolute."""
+def _with_set_paths(config: ml_collections.ConfigDict, change
+                    ) -> ml_collections.ConfigDict:
+  """A copy of `config` with change(value) for each PATH_KEY that is set."""
   config = ml_collections.ConfigDict(config.to_dict())
   for dotted in PATH_KEYS:
     *parents, leaf = dotted.split('.')
@@ -31,5 +35,17 @@ def resolve_paths(config: ml_collections.ConfigDict
       if node is None:  # A config saved before the key existed.
         break
     if node is not None and node.get(leaf):
-      node[leaf] = paths.absolute(node[leaf])
+      node[leaf] = change(node[leaf])
   return config
+
+
+def resolve_paths(config: ml_collections.ConfigDict
+                  ) -> ml_collections.ConfigDict:
+  """A copy of `config` whose PATH_KEYS that are set are absolute."""
+  return _with_set_paths(config, paths.absolute)
+
+
+def without_paths(config: ml_collections.ConfigDict
+                  ) -> ml_collections.ConfigDict:
+  """A copy of `config` whose PATH_KEYS are all unset ('')."""
+  return _with_set_paths(config, lambda _: '')

@@ -17,7 +17,7 @@ from absl import flags
 from ml_collections import config_flags
 
 from jaxformer.config import ranges as config_ranges
-from jaxformer.config.path_keys import resolve_paths
+from jaxformer.config.path_keys import resolve_paths, without_paths
 from jaxformer.inference import search
 from jaxformer.parallel import mesh as mesh_lib
 from jaxformer.data.defaults import default_data_config
@@ -288,6 +288,32 @@ def validate(config: ml_collections.ConfigDict) -> None:
   if problems:
     raise ConfigError(' '.join(problems))
   _validate_budget_and_average(config)
+
+
+def trained_model_config(saved: ml_collections.ConfigDict
+                         ) -> ml_collections.ConfigDict:
+  """The config a command uses for a trained model, from the one saved with
+  it (which may come from anyone: a downloaded export): checked like a
+  config file, the defaults standing in for keys it predates, and with no
+  file path of its own (`path_keys.without_paths`), so that the data a
+  command reads and where it writes come from the command's user."""
+  config = default_config()
+  _merge_saved(config, saved, 'the saved config')
+  validate(config)
+  return without_paths(config)
+
+
+def _merge_saved(config: ml_collections.ConfigDict, saved, where: str):
+  for key, value in saved.items():
+    if key not in config:
+      raise ConfigError(f'Unknown key {where}.{key}: not a model jaxformer '
+                        'saved, or saved by a newer jaxformer.')
+    if isinstance(config[key], ml_collections.ConfigDict) and key != 'model':
+      if not isinstance(value, (dict, ml_collections.ConfigDict)):
+        raise ConfigError(f'{where}.{key} is {value!r}, not a group of keys.')
+      _merge_saved(config[key], value, f'{where}.{key}')
+    else:
+      config[key] = value
 
 
 def _check_lengths_fit_model(config: ml_collections.ConfigDict) -> None:

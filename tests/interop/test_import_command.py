@@ -30,8 +30,8 @@ def test_import_to_a_relative_out_is_quiet_and_used_like_a_workdir(
   (tmp_path / 'test.tsv').write_text(''.join(f'{t}\tx\n' for t in texts))
   capsys.readouterr()
   assert cli.main(['evaluate', '--workdir', 'models/opus-en-de', '--beam', '1',
-                   '--config.data.tsv.test=test.tsv']) == 0
+                   '--config.data.tsv.test=test.tsv',
+                   '--hypotheses', 'test_hypotheses.txt']) == 0
   report = json.loads(capsys.readouterr().out)
-  assert report['hypotheses'] == (
-      f'{tmp_path}/models/opus-en-de/test_hypotheses.txt')
+  assert report['hypotheses'] == f'{tmp_path}/test_hypotheses.txt'
   assert len(open(report['hypotheses']).read().splitlines()) == len(texts)
