@@ -80,6 +80,7 @@ class Tokenizer:
   pad_id = PAD_ID
   eos_id = EOS_ID
   unk_id = UNK_ID
+  bos_id = BOS_ID
 
   def serialized_model_proto(self) -> bytes:
     return self._processor.serialized_model_proto()
@@ -142,9 +143,13 @@ def train_tokenizer(texts: Iterable[str], model_prefix: str,
 
 
 def from_serialized(data: bytes, name: str = 'model'):
-  """A `Tokenizer` (a SentencePiece model with jaxformer's ids) or a
+  """A `Tokenizer` (a SentencePiece model with jaxformer's ids), a
   `vocab_tokenizer.VocabTokenizer` (pieces with their own vocabulary, e.g.
-  an imported Marian model's) from its `serialized_model_proto()`."""
+  an imported Marian model's) or an `hf_tokenizer.HFTokenizer` (an imported
+  Llama-family model's) from its `serialized_model_proto()`."""
+  from jaxformer.data import hf_tokenizer
+  if hf_tokenizer.is_serialized(data):
+    return hf_tokenizer.HFTokenizer.from_serialized(data, name)
   if data[:1] == b'{':  # JSON; a SentencePiece proto starts with field 1.
     from jaxformer.data.vocab_tokenizer import VocabTokenizer
     return VocabTokenizer.from_serialized(data, name)
@@ -153,7 +158,7 @@ def from_serialized(data: bytes, name: str = 'model'):
 
 def load_tokenizer(path: str) -> Tokenizer:
   """Reads a tokenizer file (local or gs://): a SentencePiece model, or a
-  serialized `VocabTokenizer`."""
+  serialized `VocabTokenizer` or `HFTokenizer`."""
   return from_serialized(sources.read_bytes(path), path)
 
 

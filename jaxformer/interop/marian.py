@@ -2,8 +2,8 @@
 export, which `translate`, `evaluate`, `attention` and fine-tuning
 (`--config.init.pretrained`) read like any other.
 
-The folder holds config.json, model.safetensors (read with
-`safetensors.numpy`, no torch) or pytorch_model.bin (needs torch), and the
+The folder holds config.json, model.safetensors or its shards (read with
+safetensor_files.py, no torch) or pytorch_model.bin (needs torch), and the
 tokenizer: source.spm, target.spm, vocab.json (and target_vocab.json for
 separate vocabularies). Marian is the paper's post-LN Transformer; what
 differs is said by model options (`ModelConfig`): the sinusoid layout
@@ -29,6 +29,7 @@ import numpy as np
 from jaxformer.checkpoints import exports
 from jaxformer.data import sources
 from jaxformer.data import vocab_tokenizer
+from jaxformer.interop import safetensor_files
 from jaxformer.model.config import ModelConfig
 
 ACTIVATIONS = {'swish': 'swish', 'silu': 'swish', 'relu': 'relu',
@@ -280,18 +281,13 @@ def check_torch_version(version: str, path: str) -> None:
 
 
 def read_weights(folder: str) -> dict:
-  """{name: float32 array} of model.safetensors (numpy only), else of
-  pytorch_model.bin (torch at least TORCH_FLOOR)."""
-  path = os.path.join(folder, 'model.safetensors')
-  if os.path.isfile(path):
-    from safetensors import SafetensorError
-    from safetensors.numpy import load_file
-    try:
-      weights = load_file(path)
-    except (SafetensorError, OSError, ValueError, TypeError) as e:
-      raise MarianImportError(f'{path} cannot be read (truncated or damaged? '
-                         f'{e}); download it again') from None
-  else:
+  """{name: float32 array} of model.safetensors or its shards (numpy
+  only), else of pytorch_model.bin (torch at least TORCH_FLOOR)."""
+  try:
+    weights = safetensor_files.read_safetensors(folder)
+  except safetensor_files.WeightsError as e:
+    raise MarianImportError(str(e)) from None
+  if weights is None:
     path = os.path.join(folder, 'pytorch_model.bin')
     if not os.path.isfile(path):
       raise MarianImportError(f'{folder} has no model.safetensors or '
