@@ -49,6 +49,8 @@ RANGES = {
     'model.target_vocab_size': NON_NEGATIVE,
     'model.d_model': POSITIVE,
     'model.num_heads': POSITIVE,
+    'model.num_kv_heads': NON_NEGATIVE,  # 0: num_heads
+    'model.head_dim': NON_NEGATIVE,  # 0: d_model // num_heads
     'model.d_ff': POSITIVE,
     'model.num_encoder_layers': NON_NEGATIVE,
     'model.num_decoder_layers': NON_NEGATIVE,
@@ -58,6 +60,12 @@ RANGES = {
     'model.attention_dropout': PROBABILITY,
     'model.ffn_dropout': PROBABILITY,
     'model.layer_norm_epsilon': ABOVE_ZERO,
+    'model.rms_norm_epsilon': ABOVE_ZERO,
+    'model.rope_theta': ABOVE_ZERO,
+    'model.rope_scaling_factor': ABOVE_ZERO,
+    'model.rope_low_freq_factor': ABOVE_ZERO,
+    'model.rope_high_freq_factor': ABOVE_ZERO,
+    'model.rope_original_max_len': POSITIVE,
     'model.num_classes': POSITIVE,
     'model.regression_dim': POSITIVE,
     'model.pad_id': NON_NEGATIVE,  # ids of the vocabulary (ModelConfig checks

@@ -119,15 +119,15 @@ def model_config(hf: dict) -> ModelConfig:
 # ------------------------------------------------------------ the table ---
 
 def _heads(config):  # [n * h, d] -> [n, h, d]
-  return lambda w: w.reshape(config.num_heads, config.head_dim, -1)
+  return lambda w: w.reshape(config.num_heads, config.head_features, -1)
 
 
 def _head_bias(config):  # [n * h] -> [n, h]
-  return lambda b: b.reshape(config.num_heads, config.head_dim)
+  return lambda b: b.reshape(config.num_heads, config.head_features)
 
 
 def _out(config):  # [d, n * h] -> [d, n, h]
-  return lambda w: w.reshape(-1, config.num_heads, config.head_dim)
+  return lambda w: w.reshape(-1, config.num_heads, config.head_features)
 
 
 def _same(x):

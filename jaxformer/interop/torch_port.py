@@ -190,7 +190,7 @@ def params_from_torch_state_dict(state_dict: Mapping[str, Any],
   if 'pe' in sd:
     _check_positions(sd['pe'], config)
 
-  d, n, h = config.d_model, config.num_heads, config.head_dim
+  d, n, h = config.d_model, config.num_heads, config.head_features
 
   def attention(prefix):
     w, b = sd[f'{prefix}.in_proj_weight'], sd[f'{prefix}.in_proj_bias']

@@ -13,8 +13,10 @@ from jaxformer.model.backend import ATTENTION_IMPLS
 CHOICES = {
     'share_embeddings': ('all', 'target', 'none'),
     'norm_position': ('post', 'pre'),
-    'activation': ('relu', 'gelu', 'gelu_exact', 'swish'),
-    'position_embedding': ('sinusoidal', 'learned'),
+    'norm_type': ('layer', 'rms'),
+    'activation': ('relu', 'gelu', 'gelu_exact', 'swish', 'swiglu', 'geglu'),
+    'position_embedding': ('sinusoidal', 'learned', 'rope'),
+    'rope_scaling': ('none', 'linear', 'llama3'),
     'sinusoid_layout': ('interleaved', 'halves'),
     'dtype': ('float32', 'bfloat16', 'auto'),
     'attention_impl': ATTENTION_IMPLS,
@@ -31,15 +33,41 @@ class ModelConfig:
     projection (the paper); 'target' ties target embedding and output
     projection; 'none' keeps all three separate, with a biased output
     projection (the PyTorch reference).
+  norm_type: 'layer' (LayerNorm, the paper; with a bias unless
+    norm_bias=False) or 'rms' (RMSNorm: x / sqrt(mean(x^2) + eps) * scale,
+    no bias). Pre-norm stacks (norm_position='pre') end with one more norm
+    after the last layer, 'final_norm'; post-norm stacks have none.
   activation: of the FFN; 'gelu' is the tanh approximation, 'gelu_exact'
     the erf form (Hugging Face's 'gelu'), 'swish' is SiLU, x * sigmoid(x).
+    'swiglu' and 'geglu' are gated (Shazeer 2020): act(x W_0) * (x W_1),
+    then W_o, with SiLU (Llama) and tanh-approximated GELU (Gemma, T5 v1.1)
+    respectively; d_ff is the width of W_0 and W_1 as given.
+  position_embedding: 'sinusoidal' (the paper) or 'learned', added to the
+    embeddings; or 'rope', rotary positions applied to the queries and keys
+    of self-attention (Su et al. 2021; cross-attention takes none), with
+    rope_theta as the base of the rotation periods and rope_scaling 'none',
+    'linear' (frequencies divided by rope_scaling_factor) or 'llama3'
+    (rope_scaling_factor, rope_low_freq_factor, rope_high_freq_factor and
+    rope_original_max_len, as Hugging Face's rope_scaling of Llama 3.1).
+  num_kv_heads: key/value heads, dividing num_heads (grouped-query
+    attention; 1 is multi-query attention); 0 means num_heads.
+  head_dim: features of each head; 0 means d_model // num_heads.
   sinusoid_layout: 'interleaved' (the paper: sin at even features, cos at
     odd ones) or 'halves' (Marian: sin in the first half, cos in the second).
     Positions count from 0 in both.
   scale_embedding: multiply token embeddings by sqrt(d_model).
+  use_bias: biases on the projections of attention and the FFN (the key
+    projection has one only with rope, the one case it counts: otherwise it
+    adds the same number to every logit of a query, which softmax ignores).
+  qkv_bias: biases on the query, key and value projections also with
+    use_bias=False (Qwen2).
+  norm_bias: LayerNorm's bias (RMSNorm has none).
   output_bias: a learned bias on the output projection also when it is tied
-    to an embedding (Marian's final_logits_bias); share_embeddings='none'
-    always has one.
+    to an embedding (Marian's final_logits_bias).
+  logits_bias: a bias on the separate output projection of
+    share_embeddings='none' (False for Llama's untied lm_head). With
+    use_bias=False, norm_type='rms' (or norm_bias=False) and
+    logits_bias=False a model has no bias anywhere.
   pad_id, eos_id, decoder_start_id: the special ids of the vocabulary the
     model was trained with (`Tokenizer.pad_id` ...): padding, end of
     sentence, and the decoder's first input (targets are shifted right with
@@ -55,17 +83,27 @@ class ModelConfig:
   target_vocab_size: int = 0  # 0: same as vocab_size.
   d_model: int = 512
   num_heads: int = 8
+  num_kv_heads: int = 0  # 0: num_heads.
+  head_dim: int = 0  # 0: d_model // num_heads.
   d_ff: int = 2048
   num_encoder_layers: int = 6
   num_decoder_layers: int = 6
   max_len: int = 512
   share_embeddings: str = 'all'
   norm_position: str = 'post'
+  norm_type: str = 'layer'
   activation: str = 'relu'
   position_embedding: str = 'sinusoidal'
   sinusoid_layout: str = 'interleaved'
+  rope_theta: float = 10000.0
+  rope_scaling: str = 'none'
+  rope_scaling_factor: float = 1.0
+  rope_low_freq_factor: float = 1.0
+  rope_high_freq_factor: float = 4.0
+  rope_original_max_len: int = 8192
   scale_embedding: bool = True
   output_bias: bool = False
+  logits_bias: bool = True
   pad_id: int = 0
   eos_id: int = 1
   decoder_start_id: int = 0
@@ -75,7 +113,10 @@ class ModelConfig:
   attention_dropout: float = 0.0
   ffn_dropout: float = 0.0
   layer_norm_epsilon: float = 1e-6
+  rms_norm_epsilon: float = 1e-6
+  norm_bias: bool = True
   use_bias: bool = True
+  qkv_bias: bool = False
   dtype: str = 'float32'  # 'auto': see backend.compute_dtype.
   attention_impl: str = 'auto'  # See backend.attention_kernel.
   scan_layers: bool = False
@@ -90,10 +131,24 @@ class ModelConfig:
       if getattr(self, key) not in allowed:
         raise ValueError(
             f'model.{key}={getattr(self, key)!r} is not one of {allowed}.')
-    if self.d_model % self.num_heads:
+    if not self.head_dim and self.d_model % self.num_heads:
       raise ValueError(
           f'model.d_model={self.d_model} must be divisible by '
+          f'model.num_heads={self.num_heads}, or set model.head_dim.')
+    if self.num_heads % self.kv_heads:
+      raise ValueError(
+          f'model.num_kv_heads={self.num_kv_heads} must divide '
           f'model.num_heads={self.num_heads}.')
+    if self.position_embedding == 'rope' and self.head_features % 2:
+      raise ValueError(f'model.position_embedding=rope rotates pairs of '
+                       f'features: the head dimension {self.head_features} '
+                       'must be even.')
+    if self.rope_scaling == 'llama3' and not (
+        self.rope_low_freq_factor < self.rope_high_freq_factor):
+      raise ValueError(
+          "model.rope_scaling='llama3' needs model.rope_low_freq_factor "
+          f'({self.rope_low_freq_factor}) below model.rope_high_freq_factor '
+          f'({self.rope_high_freq_factor}).')
     if self.share_embeddings == 'all' and self.target_vocab_size not in (
         0, self.vocab_size):
       raise ValueError(
@@ -107,8 +162,18 @@ class ModelConfig:
                          f'vocabulary [0, {size}).')
 
   @property
-  def head_dim(self) -> int:
-    return self.d_model // self.num_heads
+  def head_features(self) -> int:
+    """Features of each attention head (model.head_dim resolved)."""
+    return self.head_dim or self.d_model // self.num_heads
+
+  @property
+  def kv_heads(self) -> int:
+    """Key/value heads (model.num_kv_heads resolved)."""
+    return self.num_kv_heads or self.num_heads
+
+  @property
+  def gated_ffn(self) -> bool:
+    return self.activation in ('swiglu', 'geglu')
 
   @property
   def output_vocab_size(self) -> int:

@@ -1,10 +1,14 @@
 """Attention kernels that never build the [batch, n, t, s] weights: XLA's
 fused softmax, cuDNN flash attention (GPUs) and the Pallas splash kernel
-(TPUs), behind the signature of `attention.einsum_attention` without
-dropout.
+(TPUs), behind the signature of `dot_product.einsum_attention` without
+dropout. Each takes fewer key/value heads than query heads as they are
+(grouped-query attention), without repeating them.
 
-Shapes: `batch` b, query length t, key length s, heads n, head features h.
+Shapes: `batch` b, query length t, key length s, query heads n, key/value
+heads k (dividing n), head features h.
 """
+import math
+
 import jax
 import jax.numpy as jnp
 from flax import linen as nn
@@ -18,7 +22,7 @@ def xla_attention(query, key, value, mask):
   """`jax.nn.dot_product_attention` with XLA's implementation.
 
   Args:
-    query: [batch, t, n, h]; key, value: [batch, s, n, h].
+    query: [batch, t, n, h]; key, value: [batch, s, k, h].
     mask: bool, broadcastable to [batch, 1, t, s].
 
   Returns:
@@ -42,7 +46,7 @@ def cudnn_attention(query, key, value, query_segment_ids, key_segment_ids,
   padding through sequence lengths (cuDNN's interface takes no segment ids).
 
   Args:
-    query: [batch, t, n, h]; key, value: [batch, s, n, h]; bfloat16 or
+    query: [batch, t, n, h]; key, value: [batch, s, k, h]; bfloat16 or
       float16.
     query_segment_ids: [batch, t]; key_segment_ids: [batch, s]: 1 for
       tokens, 0 for the padding after them.
@@ -68,7 +72,7 @@ def _block(length: int) -> int:
 
 def _splash_kernel(heads: int, q_length: int, kv_length: int, causal: bool,
                    interpret: bool):
-  """One head-batched splash kernel: (q [n, t, h], k, v [n, s, h],
+  """One head-batched splash kernel: (q [n, t, h], k, v [k, s, h],
   segment_ids=SegmentIds) -> [n, t, h]; t and s multiples of 128."""
   # Imported here: Pallas' TPU modules take a while to load, and most
   # programs never need them.
@@ -96,7 +100,7 @@ def local_splash_attention(query, key, value, query_segment_ids,
   else. The kernel does not scale the logits itself.
 
   Args:
-    query: [batch, t, n, h]; key, value: [batch, s, n, h].
+    query: [batch, t, n, h]; key, value: [batch, s, k, h].
     query_segment_ids: [batch, t] int; key_segment_ids: [batch, s] int.
 
   Returns:
@@ -132,11 +136,24 @@ def _mesh_axes(logical: str):
     return None
 
 
+def _mesh_size(axes) -> int:
+  """How many parts the mesh axes `axes` (a name, a tuple or None) split an
+  array into."""
+  mesh = jax.sharding.get_abstract_mesh()
+  names = (axes,) if isinstance(axes, str) else tuple(axes or ())
+  return math.prod(mesh.shape[name] for name in names)
+
+
 def splash_attention(query, key, value, query_segment_ids, key_segment_ids,
                      causal: bool, interpret: bool = False):
   """`local_splash_attention` under `shard_map` over the mesh in context:
   rows split as the logical 'batch' axis is, heads as 'heads'; without a
-  mesh, on the arrays as they are. Shapes as `local_splash_attention`."""
+  mesh, on the arrays as they are. Shapes as `local_splash_attention`.
+
+  Key/value heads split as the query heads do where the split divides
+  them, so that each device holds the key/value heads of its query heads;
+  elsewhere they are repeated to one per query head, here only.
+  """
   mesh = jax.sharding.get_abstract_mesh()
 
   def attend(query, key, value, query_segment_ids, key_segment_ids):
@@ -146,10 +163,13 @@ def splash_attention(query, key, value, query_segment_ids, key_segment_ids,
   if mesh.empty:
     return attend(query, key, value, query_segment_ids, key_segment_ids)
   rows, heads = _mesh_axes('batch'), _mesh_axes('heads')
+  kv_heads = key.shape[2]
+  if kv_heads % _mesh_size(heads):
+    key, value = (jnp.repeat(x, query.shape[2] // kv_heads, axis=2)
+                  for x in (key, value))
   qkv = PartitionSpec(rows, None, heads, None)
   ids = PartitionSpec(rows, None)
   return jax.shard_map(attend, mesh=mesh, in_specs=(qkv, qkv, qkv, ids, ids),
                        out_specs=qkv, check_vma=False)(
                            query, key, value, query_segment_ids,
                            key_segment_ids)
-

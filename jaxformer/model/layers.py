@@ -1,6 +1,6 @@
 """Building blocks: linear maps, embeddings, positions, the position-wise
-feed-forward network, dropout, and residual connections with LayerNorm in
-either order."""
+feed-forward network (plain or gated), dropout, and residual connections
+with LayerNorm or RMSNorm in either order."""
 import math
 from typing import Callable
 
@@ -93,13 +93,16 @@ class Embed(nn.Module):
 
 
 class AddPositions(nn.Module):
-  """Adds sinusoidal (the paper) or learned position embeddings."""
+  """Adds sinusoidal (the paper) or learned position embeddings; rotary
+  positions add nothing here (attention rotates its queries and keys)."""
   config: ModelConfig
 
   @nn.compact
   def __call__(self, x: jax.Array, positions: jax.Array) -> jax.Array:
     """x: [batch, length, d_model]; positions: [batch, length] int."""
     cfg = self.config
+    if cfg.position_embedding == 'rope':
+      return x
     if cfg.position_embedding == 'sinusoidal':
       table = jnp.asarray(sinusoidal_positions(cfg.max_len, cfg.d_model,
                                                cfg.sinusoid_layout))
@@ -238,11 +241,15 @@ ACTIVATIONS = {
     'gelu': nn.gelu,  # The tanh approximation.
     'gelu_exact': lambda x: nn.gelu(x, approximate=False),
     'swish': nn.swish,
+    'swiglu': nn.swish,  # Gated: of the gate's projection.
+    'geglu': nn.gelu,
 }
 
 
 class FeedForward(nn.Module):
-  """FFN(x) = act(x W1 + b1) W2 + b2, applied at every position."""
+  """FFN(x) = act(x W1 + b1) W2 + b2, applied at every position; gated
+  (config.gated_ffn), act(x W_0 + b_0) * (x W_1 + b_1) W2 + b2, with the
+  projections 'wi_0' (the gate) and 'wi_1' in place of 'wi'."""
   config: ModelConfig
   deterministic: bool = True
 
@@ -250,20 +257,31 @@ class FeedForward(nn.Module):
   def __call__(self, x: jax.Array) -> jax.Array:
     """[batch, length, d_model] -> [batch, length, d_model]."""
     cfg = self.config
-    h = Linear((cfg.d_ff,), ('mlp', 'embed'), cfg, use_bias=cfg.use_bias,
-               name='wi')(x)
-    h = ACTIVATIONS[cfg.activation](h)
+    names = ['wi_0', 'wi_1'] if cfg.gated_ffn else ['wi']
+    inputs = apply_linears(x, [
+        Linear((cfg.d_ff,), ('mlp', 'embed'), cfg, use_bias=cfg.use_bias,
+               name=name) for name in names])
+    h = ACTIVATIONS[cfg.activation](inputs[0])
+    if cfg.gated_ffn:
+      h = h * inputs[1]
     h = nn.with_logical_constraint(h, ('batch', 'length', 'mlp'))
     h = Dropout(cfg.ffn_dropout)(h, deterministic=self.deterministic)
     return Linear((cfg.d_model,), ('embed', 'mlp'), cfg, use_bias=cfg.use_bias,
                   name='wo')(h)
 
 
-def layer_norm(config: ModelConfig, name: str) -> nn.LayerNorm:
+def norm(config: ModelConfig, name: str) -> nn.Module:
+  """The configured norm (`config.norm_type`) over the last axis, computed in
+  float32 statistics with float32 parameters."""
+  scale_init = nn.with_logical_partitioning(nn.initializers.ones, ('embed',))
+  if config.norm_type == 'rms':
+    return nn.RMSNorm(epsilon=config.rms_norm_epsilon,
+                      dtype=config.compute_dtype, param_dtype=jnp.float32,
+                      scale_init=scale_init, name=name)
   return nn.LayerNorm(
       epsilon=config.layer_norm_epsilon, dtype=config.compute_dtype,
-      param_dtype=jnp.float32,
-      scale_init=nn.with_logical_partitioning(nn.initializers.ones, ('embed',)),
+      param_dtype=jnp.float32, use_bias=config.norm_bias,
+      scale_init=scale_init,
       bias_init=nn.with_logical_partitioning(nn.initializers.zeros, ('embed',)),
       name=name)
 
@@ -271,13 +289,13 @@ def layer_norm(config: ModelConfig, name: str) -> nn.LayerNorm:
 def residual(x: jax.Array, sublayer: Callable[[jax.Array], jax.Array],
              name: str, drop: Dropout, config: ModelConfig,
              deterministic: bool) -> jax.Array:
-  """A sublayer with its residual connection and the LayerNorm
-  `{name}_norm`, in `config.norm_position`:
+  """A sublayer with its residual connection and the norm `{name}_norm`
+  (LayerNorm or RMSNorm), in `config.norm_position`:
 
-  post-LN (the paper): LayerNorm(x + Dropout(sublayer(x)));
-  pre-LN: x + Dropout(sublayer(LayerNorm(x))).
+  post-LN (the paper): Norm(x + Dropout(sublayer(x)));
+  pre-LN: x + Dropout(sublayer(Norm(x))).
   """
-  norm = layer_norm(config, f'{name}_norm')
+  normalize = norm(config, f'{name}_norm')
   if config.norm_position == 'pre':
-    return x + drop(sublayer(norm(x)), deterministic=deterministic)
-  return norm(x + drop(sublayer(x), deterministic=deterministic))
+    return x + drop(sublayer(normalize(x)), deterministic=deterministic)
+  return normalize(x + drop(sublayer(x), deterministic=deterministic))

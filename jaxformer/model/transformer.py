@@ -11,7 +11,8 @@ import jax.numpy as jnp
 from flax import linen as nn
 
 from jaxformer.model import layers
-from jaxformer.model.attention import MultiHeadAttention, Segments
+from jaxformer.model.attention import MultiHeadAttention
+from jaxformer.model.masks import Segments
 from jaxformer.model.config import ModelConfig
 
 REMAT_POLICIES = {
@@ -50,19 +51,19 @@ def constrain(x):
 
 
 class EncoderLayer(nn.Module):
-  """Self-attention and FFN, each with residual + LayerNorm."""
+  """Self-attention and FFN, each with residual + norm."""
   config: ModelConfig
   deterministic: bool = True
 
   @nn.compact
-  def __call__(self, x, mask):
-    """x: [batch, s, d_model]; mask: `Segments` [batch, s] x [batch, s].
-    Returns (x, None)."""
+  def __call__(self, x, mask, positions):
+    """x: [batch, s, d_model]; mask: `Segments` [batch, s] x [batch, s];
+    positions: [batch, s] int. Returns (x, None)."""
     cfg, det = self.config, self.deterministic
     drop = layers.Dropout(cfg.residual_dropout)
     attend = MultiHeadAttention(cfg, 'self', det, name='self_attention')
-    x = layers.residual(x, lambda h: attend(h, h, mask), 'self_attention',
-                        drop, cfg, det)
+    x = layers.residual(x, lambda h: attend(h, h, mask, positions),
+                        'self_attention', drop, cfg, det)
     x = layers.residual(x, layers.FeedForward(cfg, det, name='ffn'), 'ffn',
                         drop, cfg, det)
     return constrain(x), None
@@ -76,16 +77,16 @@ class DecoderLayer(nn.Module):
   cross: bool = True
 
   @nn.compact
-  def __call__(self, x, self_mask, encoded, cross_mask):
+  def __call__(self, x, self_mask, positions, encoded, cross_mask):
     """x: [batch, t, d_model]; self_mask: `Segments` [batch, t] x [batch,
-    t], causal; encoded: [batch, s, d_model] (None for decoder-only, or once
-    the decode cache exists); cross_mask: `Segments` [batch, t|1] x [batch,
-    s]. Returns (x, None)."""
+    t], causal; positions: [batch, t] int; encoded: [batch, s, d_model]
+    (None for decoder-only, or once the decode cache exists); cross_mask:
+    `Segments` [batch, t|1] x [batch, s]. Returns (x, None)."""
     cfg, det = self.config, self.deterministic
     drop = layers.Dropout(cfg.residual_dropout)
     self_attend = MultiHeadAttention(cfg, 'causal', det, self.decode,
                                      name='self_attention')
-    x = layers.residual(x, lambda h: self_attend(h, h, self_mask),
+    x = layers.residual(x, lambda h: self_attend(h, h, self_mask, positions),
                         'self_attention', drop, cfg, det)
     if self.cross:
       cross_attend = MultiHeadAttention(cfg, 'cross', det, self.decode,
@@ -123,7 +124,7 @@ def stack_layers(layer_cls, config: ModelConfig, num_layers: int, **kwargs):
 
 
 class Encoder(nn.Module):
-  """Embedding + positions + N encoder layers (+ final LayerNorm if pre-LN)."""
+  """Embedding + positions + N encoder layers (+ final norm if pre-LN)."""
   config: ModelConfig
   embed: layers.Embed
   deterministic: bool = True
@@ -137,9 +138,10 @@ class Encoder(nn.Module):
     x = layers.Dropout(cfg.embedding_dropout)(x, deterministic=self.deterministic)
     mask = Segments(segment_ids, segment_ids, causal=False, packed=packed)
     x = stack_layers(EncoderLayer, cfg, cfg.num_encoder_layers,
-                     deterministic=self.deterministic)(constrain(x), mask)
+                     deterministic=self.deterministic)(constrain(x), mask,
+                                                       positions)
     if cfg.norm_position == 'pre':
-      x = layers.layer_norm(cfg, 'final_norm')(x)
+      x = layers.norm(cfg, 'final_norm')(x)
     return x
 
 
@@ -163,8 +165,9 @@ class Decoder(nn.Module):
       encoder_segment_ids: [batch, s] int or None.
       output_fn: computes what is returned instead of the logits, from the
         last hidden states [batch, t, d_model] and the output layer, kernel
-        [vocab, d_model] and bias [vocab] (None when tied to the embedding
-        without config.output_bias), in the compute dtype:
+        [vocab, d_model] and bias [vocab] (None without one: tied without
+        config.output_bias, separate without config.logits_bias), in the
+        compute dtype:
         `output_fn(x, kernel, bias)`.
       packed: False promises one example per row, in the decoder and the
         encoder (see `Segments`).
@@ -183,13 +186,13 @@ class Decoder(nn.Module):
                             packed=packed)
     x = stack_layers(DecoderLayer, cfg, cfg.num_decoder_layers,
                      deterministic=self.deterministic, decode=self.decode,
-                     cross=self.cross)(constrain(x), self_mask, encoded,
-                                       cross_mask)
+                     cross=self.cross)(constrain(x), self_mask, positions,
+                                       encoded, cross_mask)
     if cfg.norm_position == 'pre':
-      x = layers.layer_norm(cfg, 'final_norm')(x)
+      x = layers.norm(cfg, 'final_norm')(x)
     if cfg.share_embeddings == 'none':
       head = layers.Linear((cfg.output_vocab_size,), ('vocab', 'embed'), cfg,
-                           name='logits')
+                           use_bias=cfg.logits_bias, name='logits')
       if output_fn is not None:
         return output_fn(x, *head.weights((cfg.d_model,)))
       logits = head(x)

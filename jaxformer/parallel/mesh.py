@@ -41,12 +41,17 @@ MESH_AXES = ('data', 'fsdp', 'tensor')
 
 # Data parallel over `data` and `fsdp`; FSDP shards 'embed' over `fsdp`;
 # tensor parallelism splits heads, MLP and vocabulary. Axes of size 1 cost
-# nothing, so this one table serves every layout.
+# nothing, so this one table serves every layout. 'kv_heads' are the
+# key/value heads of grouped-query attention (fewer than the query heads):
+# split over `tensor` where that divides them, else replicated (see
+# `UNLESS_UNDIVIDED`); each device then holds the key/value heads of its
+# query heads.
 DEFAULT_AXIS_RULES = (
     ('batch', ('data', 'fsdp')),
     ('vocab', 'tensor'),
     ('mlp', 'tensor'),
     ('heads', 'tensor'),
+    ('kv_heads', 'tensor'),
     ('embed', 'fsdp'),
     ('kv', None),
     ('length', None),
@@ -120,9 +125,41 @@ def axis_rules(rules) -> tuple[tuple[str, object], ...]:
   return tuple((str(name), as_axes(value)) for name, value in rules)
 
 
-def logical_shardings(logical_tree, mesh: Mesh, rules):
-  """Maps a tree of logical PartitionSpecs to NamedShardings on `mesh`."""
-  return nn.logical_to_mesh_sharding(logical_tree, mesh, axis_rules(rules))
+# Logical axes whose rule holds only for sizes that the rule's mesh axes
+# divide: any other size is replicated. (Elsewhere an axis that the mesh
+# does not divide is an error, which names it.)
+UNLESS_UNDIVIDED = ('kv_heads',)
+
+
+def _divided_only(spec: PartitionSpec, shape, mesh: Mesh, rules
+                  ) -> PartitionSpec:
+  """A logical `spec` of an array of `shape`, with each `UNLESS_UNDIVIDED`
+  axis whose mesh axes do not divide its size replaced by None."""
+  names = []
+  for size, name in zip(shape, spec):
+    if name in UNLESS_UNDIVIDED:
+      axes = nn.logical_to_mesh_axes((name,), rules)[0]
+      axes = (axes,) if isinstance(axes, str) else tuple(axes or ())
+      if size % int(np.prod([mesh.shape[axis] for axis in axes])):
+        name = None
+    names.append(name)
+  return PartitionSpec(*names, *spec[len(names):])
+
+
+def logical_shardings(logical_tree, mesh: Mesh, rules, shapes=None):
+  """Maps a tree of logical PartitionSpecs to NamedShardings on `mesh`.
+
+  Args:
+    shapes: the arrays (or ShapeDtypeStructs) of `logical_tree`, to keep
+      the `UNLESS_UNDIVIDED` axes whole where the mesh does not divide them.
+  """
+  rules = axis_rules(rules)
+  if shapes is not None:
+    logical_tree = jax.tree.map(
+        lambda spec, x: _divided_only(spec, x.shape, mesh, rules),
+        logical_tree, shapes,
+        is_leaf=lambda x: isinstance(x, PartitionSpec))
+  return nn.logical_to_mesh_sharding(logical_tree, mesh, rules)
 
 
 def batch_sharding(mesh: Mesh) -> NamedSharding:

@@ -23,7 +23,14 @@ from jaxformer.model.config import ModelConfig
 
 
 def _layer_matmul_params(cfg: ModelConfig, attention_blocks: int) -> int:
-  return attention_blocks * 4 * cfg.d_model * cfg.d_model + 2 * cfg.d_model * cfg.d_ff
+  """Query and output projections of n heads, key and value projections of
+  k heads (grouped-query attention: k <= n), and the FFN's two or three
+  (gated) matrices."""
+  query_features = cfg.num_heads * cfg.head_features
+  kv_features = cfg.kv_heads * cfg.head_features
+  attention = 2 * cfg.d_model * (query_features + kv_features)
+  ffn = (3 if cfg.gated_ffn else 2) * cfg.d_model * cfg.d_ff
+  return attention_blocks * attention + ffn
 
 
 def training_flops_per_step(cfg: ModelConfig, task, rows: int,
@@ -35,12 +42,13 @@ def training_flops_per_step(cfg: ModelConfig, task, rows: int,
   'targets' has one output row per example.
 
   A matmul with P parameters costs 2P FLOPs per token forward and 4P
-  backward. Attention scores and their weighted sum cost 2 x 2 x d_model
-  FLOPs per (query, key) pair forward, 3x that with the backward pass.
+  backward. Attention scores and their weighted sum cost 2 x 2 x heads x
+  head features (d_model in the paper) FLOPs per (query, key) pair forward,
+  3x that with the backward pass.
   Embedding lookups are free; the output projection is a d_model x vocab
   matmul per target token.
   """
-  d, forward = cfg.d_model, 0.0
+  d, forward = cfg.num_heads * cfg.head_features, 0.0
   encoder_tokens = rows * source_length
   decoder_tokens = rows * target_length
   encoder = 'inputs' in task.batch_keys

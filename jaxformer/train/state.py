@@ -36,9 +36,10 @@ def state_shardings(task, model, tx, example_batch, mesh: Mesh, rules,
   """(abstract state, NamedSharding tree): shapes and placement of the state
   without allocating it."""
   boxed = jax.eval_shape(_init_fn(task, model, tx, example_batch, prng_impl), 0)
+  abstract = nn.unbox(boxed)
   shardings = mesh_lib.logical_shardings(nn.get_partition_spec(boxed), mesh,
-                                         rules)
-  return nn.unbox(boxed), shardings
+                                         rules, shapes=abstract)
+  return abstract, shardings
 
 
 def create_train_state(task, model: nn.Module, tx: optax.GradientTransformation,

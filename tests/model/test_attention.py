@@ -5,10 +5,12 @@ import numpy as np
 import pytest
 
 from jaxformer.model import ModelConfig
-from jaxformer.model.attention import (MultiHeadAttention, attention_mask,
-                                       einsum_attention, fused_attention,
-                                       heads_first, prefix_attention,
-                                       shared_key_attention, transposed_keys)
+from jaxformer.model.attention import MultiHeadAttention
+from jaxformer.model.dot_product import (einsum_attention, fused_attention,
+                                         heads_first, prefix_attention,
+                                         shared_key_attention,
+                                         transposed_keys)
+from jaxformer.model.masks import attention_mask
 
 CONFIG = ModelConfig(vocab_size=50, d_model=32, num_heads=4, d_ff=64,
                      attention_dropout=0.0)
@@ -166,3 +168,60 @@ def test_attention_dropout_is_active_only_when_not_deterministic():
   weights = state['intermediates']['attention_weights'][0]
   zeros = float((weights == 0).mean())
   assert 0.3 < zeros < 0.7  # About half of the weights dropped.
+
+
+# Grouped-query attention: 4 query heads over 2 (or 1) key/value heads.
+
+
+def grouped_qkv(kv_heads, t=5, s=6):
+  q, k, v = random_qkv(t, s)
+  return q, k[:, :, :kv_heads], v[:, :, :kv_heads]
+
+
+def repeated(x, heads=4):
+  """Key/value heads copied to their query heads ([b, s, k, h] -> n)."""
+  return jnp.repeat(x, heads // x.shape[2], axis=2)
+
+
+@pytest.mark.parametrize('kv_heads', [1, 2])
+def test_grouped_einsum_attention_is_attention_to_repeated_heads(kv_heads):
+  q, k, v = grouped_qkv(kv_heads, t=6)
+  segments = jnp.array([[1, 1, 1, 1, 1, 1], [1, 1, 1, 1, 0, 0]])
+  mask = attention_mask(segments, segments, causal=True)
+  out, weights = einsum_attention(q, k, v, mask)
+  assert out.shape == (2, 6, 4, 8) and weights.shape == (2, 4, 6, 6)
+  want = reference_attention(q, repeated(k), repeated(v), mask)
+  real = np.asarray(segments, bool)
+  np.testing.assert_allclose(np.asarray(out)[real], want[real], atol=1e-5)
+  # A mask per head, too.
+  per_head = jnp.broadcast_to(mask, (2, 4, 6, 6)).at[:, 1, :, 0].set(False)
+  np.testing.assert_allclose(
+      einsum_attention(q, k, v, per_head)[0],
+      reference_attention(q, repeated(k), repeated(v), per_head), atol=1e-5)
+
+
+@pytest.mark.parametrize('kv_heads', [1, 2])
+def test_grouped_fused_attention_equals_einsum_attention(kv_heads):
+  q, k, v = grouped_qkv(kv_heads, t=6)
+  segments = jnp.array([[1, 1, 1, 2, 2, 0], [1, 1, 1, 1, 0, 0]])
+  mask = attention_mask(segments, segments, causal=True)
+  real = np.asarray(segments, bool)
+  np.testing.assert_allclose(
+      np.asarray(fused_attention(q, k, v, mask))[real],
+      np.asarray(einsum_attention(q, k, v, mask)[0])[real], atol=1e-5)
+
+
+def test_grouped_cache_attention_equals_attention_to_repeated_heads():
+  """The decoding cache's paths: beams sharing a sentence's kv heads, and
+  the cache read in prefixes."""
+  q, k, v = grouped_qkv(2, t=1, s=10)
+  query = jnp.repeat(q, 2, axis=0)  # 2 beams per sentence.
+  mask = jnp.broadcast_to(jnp.arange(10) < 7, (4, 1, 1, 10))
+  got = shared_key_attention(query, transposed_keys(k), heads_first(v), mask)
+  want = shared_key_attention(query, transposed_keys(repeated(k)),
+                              heads_first(repeated(v)), mask)
+  np.testing.assert_allclose(got[0], want[0], atol=1e-6)
+  np.testing.assert_allclose(got[1], want[1], atol=1e-6)
+  prefix = prefix_attention(query, transposed_keys(k), heads_first(v), mask,
+                            7, buckets=4)
+  np.testing.assert_allclose(prefix[0], want[0], atol=1e-6)

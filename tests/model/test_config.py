@@ -62,6 +62,9 @@ def test_unknown_key_is_named():
     ('share_embeddings', 'some'),
     ('attention_impl', 'flash'),
     ('remat_policy', 'everything'),
+    ('norm_type', 'group'),
+    ('position_embedding', 'alibi'),
+    ('rope_scaling', 'yarn'),
 ])
 def test_value_outside_the_choices_is_named(key, value):
   config = base()
@@ -82,3 +85,29 @@ def test_shared_embeddings_need_one_vocabulary():
   config = ModelConfig(vocab_size=100, target_vocab_size=80,
                        share_embeddings='none')
   assert config.output_vocab_size == 80
+
+
+# The keys of today's blocks, each 0 or off in the paper's model.
+NEW_KEYS = ('num_kv_heads', 'head_dim', 'norm_type', 'rms_norm_epsilon',
+            'norm_bias', 'rope_theta', 'rope_scaling', 'rope_scaling_factor',
+            'rope_low_freq_factor', 'rope_high_freq_factor',
+            'rope_original_max_len', 'logits_bias', 'qkv_bias')
+
+
+def test_a_config_saved_before_the_new_keys_builds_the_same_model():
+  saved = {k: v for k, v in base().to_dict().items() if k not in NEW_KEYS}
+  config = from_config_dict(ml_collections.ConfigDict(saved))
+  assert config == from_config_dict(base())
+  assert (config.head_features, config.kv_heads) == (64, 8)
+
+
+def test_llama3_scaling_needs_low_below_high_frequency_factor():
+  with pytest.raises(ValueError, match='rope_low_freq_factor'):
+    ModelConfig(position_embedding='rope', rope_scaling='llama3',
+                rope_low_freq_factor=4.0, rope_high_freq_factor=4.0)
+
+
+def test_rope_needs_an_even_head_width():
+  with pytest.raises(ValueError, match='must be even'):
+    ModelConfig(d_model=48, num_heads=2, head_dim=9,
+                position_embedding='rope')

@@ -8,8 +8,10 @@ import numpy as np
 import pytest
 
 from jaxformer.parallel import mesh as mesh_lib
-from jaxformer.model import EncoderDecoder, ModelConfig, backend, kernels
-from jaxformer.model.attention import attention_mask, einsum_attention
+from jaxformer.model import (DecoderLM, EncoderDecoder, ModelConfig, backend,
+                             kernels)
+from jaxformer.model.dot_product import einsum_attention
+from jaxformer.model.masks import attention_mask
 
 TOLERANCE = {jnp.float32: 2e-5, jnp.bfloat16: 3e-2}
 
@@ -19,10 +21,12 @@ PACKED = np.array([[1] * 10 + [2] * 14, [1] * 5 + [2] * 9 + [3] * 6 + [0] * 4],
                   np.int32)
 
 
-def qkv(dtype, t=24, s=24, heads=2, head_dim=32, seed=0):
+def qkv(dtype, t=24, s=24, heads=2, head_dim=32, seed=0, kv_heads=None):
+  """Queries [2, t, heads, h]; keys, values [2, s, kv_heads (heads), h]."""
   keys = jax.random.split(jax.random.PRNGKey(seed), 3)
-  return tuple(jax.random.normal(k, (2, n, heads, head_dim)).astype(dtype)
-               for k, n in zip(keys, (t, s, s)))
+  kv_heads = kv_heads or heads
+  return tuple(jax.random.normal(k, (2, n, m, head_dim)).astype(dtype)
+               for k, n, m in zip(keys, (t, s, s), (heads, kv_heads, kv_heads)))
 
 
 def einsum_out(q, k, v, q_ids, k_ids, causal):
@@ -47,15 +51,18 @@ def assert_close(actual, expected, q_ids, tolerance):
                              rtol=tolerance)
 
 
-# Interpret mode is slow: every layout in float32, two in bfloat16.
-@pytest.mark.parametrize('ids, causal, dtype', [
-    (PADDED, False, jnp.float32), (PADDED, True, jnp.float32),
-    (PACKED, False, jnp.float32), (PACKED, True, jnp.float32),
-    (PADDED, False, jnp.bfloat16), (PACKED, True, jnp.bfloat16)],
+# Interpret mode is slow: every layout in float32, two in bfloat16, and
+# grouped-query attention (4 query heads over 2 key/value heads, passed to
+# the kernel as they are: the gradients of a shared head sum over its group).
+@pytest.mark.parametrize('ids, causal, dtype, heads', [
+    (PADDED, False, jnp.float32, 2), (PADDED, True, jnp.float32, 2),
+    (PACKED, False, jnp.float32, 2), (PACKED, True, jnp.float32, 2),
+    (PADDED, False, jnp.bfloat16, 2), (PACKED, True, jnp.bfloat16, 2),
+    (PACKED, True, jnp.float32, 4)],
     ids=['padded-f32', 'padded-causal-f32', 'packed-f32', 'packed-causal-f32',
-         'padded-bf16', 'packed-causal-bf16'])
-def test_splash_equals_einsum_forward_and_gradients(ids, causal, dtype):
-  q, k, v = qkv(dtype)
+         'padded-bf16', 'packed-causal-bf16', 'packed-causal-f32-gqa'])
+def test_splash_equals_einsum_forward_and_gradients(ids, causal, dtype, heads):
+  q, k, v = qkv(dtype, heads=heads, kv_heads=2)
   ids = jnp.asarray(ids)
 
   def splash(q, k, v):
@@ -102,6 +109,19 @@ def test_sharded_splash_equals_einsum_on_a_data_by_tensor_mesh():
   assert_close(got, einsum_out(q, k, v, ids, ids, True), ids, 2e-5)
 
 
+@pytest.mark.parametrize('kv_heads', [2, 1])
+def test_sharded_grouped_splash_equals_einsum(kv_heads):
+  """4 query heads over `tensor`=2: 2 kv heads split with them; 1 (MQA)
+  cannot be, and is repeated for the kernel."""
+  mesh = mesh_lib.make_mesh({'data': 2, 'tensor': 2}, jax.devices()[:4])
+  q, k, v = qkv(jnp.float32, heads=4, kv_heads=kv_heads, head_dim=16)
+  ids = jnp.asarray(PADDED)
+  with mesh_lib.activate(mesh, mesh_lib.DEFAULT_AXIS_RULES):
+    got = jax.jit(lambda q, k, v: kernels.splash_attention(
+        q, k, v, ids, ids, True, interpret=True))(q, k, v)
+  assert_close(got, einsum_out(q, k, v, ids, ids, True), ids, 2e-5)
+
+
 def test_model_with_splash_attention_equals_einsum_model():
   config = ModelConfig(vocab_size=32, d_model=64, num_heads=2, d_ff=64,
                        num_encoder_layers=1, num_decoder_layers=1)
@@ -112,6 +132,22 @@ def test_model_with_splash_attention_equals_einsum_model():
   splash = EncoderDecoder(config.replace(attention_impl='splash'))
   got = jax.jit(splash.apply)(params, inputs, targets)
   want = jax.jit(model.apply)(params, inputs, targets)
+  real = np.asarray(targets) != 0
+  np.testing.assert_allclose(np.asarray(got)[real], np.asarray(want)[real],
+                             atol=1e-4)
+
+
+@pytest.mark.parametrize('impl', ['fused', 'splash'])
+def test_grouped_rotary_lm_with_each_kernel_equals_einsum_model(impl):
+  config = ModelConfig(vocab_size=32, d_model=32, num_heads=4, num_kv_heads=2,
+                       d_ff=48, num_decoder_layers=1, norm_type='rms',
+                       norm_position='pre', activation='swiglu',
+                       position_embedding='rope')
+  targets = jnp.array([[11, 12, 13, 1, 0, 0], [13, 14, 15, 16, 17, 1]])
+  params = DecoderLM(config).init(jax.random.PRNGKey(0), targets)
+  want = jax.jit(DecoderLM(config).apply)(params, targets)
+  got = jax.jit(DecoderLM(config.replace(attention_impl=impl)).apply)(
+      params, targets)
   real = np.asarray(targets) != 0
   np.testing.assert_allclose(np.asarray(got)[real], np.asarray(want)[real],
                              atol=1e-4)
@@ -155,8 +191,9 @@ def test_platform_is_that_of_the_mesh_in_context():
 @pytest.mark.skipif(jax.default_backend() != 'gpu',
                     reason='cuDNN flash attention needs an NVIDIA GPU')
 @pytest.mark.parametrize('causal', [False, True])
-def test_cudnn_equals_einsum_on_padded_rows(causal):
-  q, k, v = qkv(jnp.bfloat16, t=128, s=128, head_dim=64)
+@pytest.mark.parametrize('kv_heads', [2, 1])  # Multi-head, multi-query.
+def test_cudnn_equals_einsum_on_padded_rows(causal, kv_heads):
+  q, k, v = qkv(jnp.bfloat16, t=128, s=128, head_dim=64, kv_heads=kv_heads)
   ids = jnp.asarray(np.array([[1] * 128, [1] * 90 + [0] * 38], np.int32))
   got = jax.jit(lambda q, k, v: kernels.cudnn_attention(
       q, k, v, ids, ids, causal))(q, k, v)

@@ -41,14 +41,15 @@ def v5e_devices():
 
 
 def compiled_train_step(devices, attention_impl: str, rows=8, length=128,
-                        compile_it=True):
-  """(HLO text, memory analysis or None) of the train step on a data=4
-  mesh of `devices`, compiled (or only lowered: compile_it=False)."""
-  mesh = jax.sharding.Mesh(np.array(devices).reshape(4, 1, 1),
+                        compile_it=True, model=MODEL, mesh_shape=(4, 1, 1)):
+  """(HLO text, memory analysis or None) of the train step of `model` on a
+  (data, fsdp, tensor) `mesh_shape` mesh of `devices`, compiled (or only
+  lowered: compile_it=False)."""
+  mesh = jax.sharding.Mesh(np.array(devices).reshape(mesh_shape),
                            mesh_lib.MESH_AXES)
   rules = mesh_lib.DEFAULT_AXIS_RULES
   task = get_task('translation')
-  config = MODEL.replace(attention_impl=attention_impl)
+  config = model.replace(attention_impl=attention_impl)
   tx = schedules.make_optimizer(TRAIN, schedules.make_schedule(TRAIN, 256))
   example = {'inputs': np.ones((1, length), np.int32),
              'targets': np.ones((1, length), np.int32)}
@@ -81,6 +82,22 @@ def test_auto_attention_compiles_to_the_splash_kernel_for_tpu(v5e_devices):
   assert hlo.count('custom_call_target="tpu_custom_call"') >= 3
   einsum_hlo, _ = compiled_train_step(v5e_devices, 'einsum', compile_it=False)
   assert 'tpu_custom_call' not in einsum_hlo
+
+
+# 4 query heads over 2 key/value heads, with the other blocks of today.
+GROUPED = MODEL.replace(num_heads=4, num_kv_heads=2, head_dim=128,
+                        position_embedding='rope', norm_type='rms',
+                        norm_position='pre', activation='swiglu')
+
+
+@pytest.mark.parametrize('tensor', [2, 4])
+def test_grouped_query_attention_compiles_to_splash_over_tensor(v5e_devices,
+                                                                tensor):
+  """tensor=2 splits the 2 kv heads with their query heads; tensor=4 cannot,
+  so they stay whole and are repeated for the kernel."""
+  hlo, _ = compiled_train_step(v5e_devices, 'auto', model=GROUPED,
+                               mesh_shape=(4 // tensor, 1, tensor))
+  assert hlo.count('custom_call_target="tpu_custom_call"') >= 3
 
 
 DECODER = ModelConfig(vocab_size=512, d_model=32, num_heads=2, d_ff=64,

@@ -15,6 +15,16 @@ TINY = ModelConfig(vocab_size=50, d_model=32, num_heads=4, d_ff=64,
                    num_classes=3, regression_dim=2)
 # One layer per stack where a test compiles a backward pass.
 SHALLOW = TINY.replace(num_encoder_layers=1, num_decoder_layers=1)
+# Today's blocks: rotary positions, RMSNorm before each sublayer and after
+# the stack, SwiGLU, grouped-query attention with heads of their own width,
+# q/k/v biases only, an untied output layer without bias.
+MODERN = TINY.replace(position_embedding='rope', rope_theta=500.0,
+                      norm_type='rms', norm_position='pre',
+                      activation='swiglu', num_kv_heads=2, head_dim=12,
+                      use_bias=False, qkv_bias=True, share_embeddings='none',
+                      logits_bias=False, scale_embedding=False)
+CONFIGS = pytest.mark.parametrize('config', [TINY, MODERN],
+                                  ids=['paper', 'modern'])
 KEY = jax.random.PRNGKey(0)
 
 # A padded batch: token 0 is padding.
@@ -121,10 +131,12 @@ def test_decoder_lm_ignores_tokens_under_padding():
   np.testing.assert_allclose(changed[real], logits[real], atol=1e-5)
 
 
+@CONFIGS
 @pytest.mark.parametrize('model_cls', [EncoderClassifier, EncoderRegressor])
 @pytest.mark.parametrize('pooling', ['first', 'mean'])
-def test_encoder_only_models_ignore_tokens_under_padding(model_cls, pooling):
-  model = model_cls(TINY.replace(pooling=pooling))
+def test_encoder_only_models_ignore_tokens_under_padding(model_cls, pooling,
+                                                         config):
+  model = model_cls(config.replace(pooling=pooling))
   params = init(model, INPUTS)
   seg = segments(INPUTS)
   out = model.apply({'params': params}, INPUTS, seg)
@@ -170,8 +182,9 @@ def packed(rows, length):
   return jnp.array(tokens), jnp.array(seg), jnp.array(pos)
 
 
-def test_packed_examples_do_not_see_each_other_in_encoder_decoder():
-  model = EncoderDecoder(TINY)
+@CONFIGS
+def test_packed_examples_do_not_see_each_other_in_encoder_decoder(config):
+  model = EncoderDecoder(config)
   params = init(model, INPUTS, TARGETS)
   src, src_seg, src_pos = packed([[SRC_A, SRC_B], [SRC_B, SRC_A]], 8)
   tgt, tgt_seg, tgt_pos = packed([[TGT_A, TGT_B], [TGT_B, TGT_A]], 7)
@@ -186,8 +199,9 @@ def test_packed_examples_do_not_see_each_other_in_encoder_decoder():
   np.testing.assert_allclose(together[1, 3:7], a, atol=1e-5)
 
 
-def test_packed_examples_do_not_see_each_other_in_decoder_lm():
-  model = DecoderLM(TINY)
+@CONFIGS
+def test_packed_examples_do_not_see_each_other_in_decoder_lm(config):
+  model = DecoderLM(config)
   params = init(model, TARGETS)
   tgt, seg, pos = packed([[TGT_A, TGT_B], [TGT_B, TGT_A]], 7)
   together = model.apply({'params': params}, tgt, seg, pos)
@@ -234,13 +248,16 @@ ONES = jnp.ones_like(TEACHER_FORCED)
 POSITIONS = jnp.broadcast_to(jnp.arange(5), TEACHER_FORCED.shape)
 
 
+@CONFIGS
 @pytest.mark.parametrize('scan_layers', [False, True])
-def test_cached_decoding_equals_teacher_forcing_in_encoder_decoder(scan_layers):
-  params = init(EncoderDecoder(TINY), INPUTS, TEACHER_FORCED)
-  full = EncoderDecoder(TINY).apply({'params': params}, INPUTS, TEACHER_FORCED)
+def test_cached_decoding_equals_teacher_forcing_in_encoder_decoder(
+    scan_layers, config):
+  params = init(EncoderDecoder(config), INPUTS, TEACHER_FORCED)
+  full = EncoderDecoder(config).apply({'params': params}, INPUTS,
+                                      TEACHER_FORCED)
 
   params = stacked(params) if scan_layers else params
-  model = EncoderDecoder(TINY.replace(scan_layers=scan_layers), decode=True)
+  model = EncoderDecoder(config.replace(scan_layers=scan_layers), decode=True)
   encoded = model.apply({'params': params}, INPUTS, method='encode')
 
   @jax.jit
@@ -255,13 +272,15 @@ def test_cached_decoding_equals_teacher_forcing_in_encoder_decoder(scan_layers):
   np.testing.assert_allclose(stepped, full, atol=1e-5)
 
 
+@CONFIGS
 @pytest.mark.parametrize('scan_layers', [False, True])
-def test_cached_decoding_equals_teacher_forcing_in_decoder_lm(scan_layers):
-  params = init(DecoderLM(TINY), TEACHER_FORCED)
-  full = DecoderLM(TINY).apply({'params': params}, TEACHER_FORCED)
+def test_cached_decoding_equals_teacher_forcing_in_decoder_lm(scan_layers,
+                                                              config):
+  params = init(DecoderLM(config), TEACHER_FORCED)
+  full = DecoderLM(config).apply({'params': params}, TEACHER_FORCED)
 
   params = stacked(params) if scan_layers else params
-  model = DecoderLM(TINY.replace(scan_layers=scan_layers), decode=True)
+  model = DecoderLM(config.replace(scan_layers=scan_layers), decode=True)
 
   @jax.jit
   def decode(variables, encoded, decoder_inputs, segment_ids, positions):
@@ -278,19 +297,21 @@ def test_cached_decoding_equals_teacher_forcing_in_decoder_lm(scan_layers):
 # Equivalent execution options.
 
 
-def test_fused_attention_model_equals_einsum_model():
-  params = init(EncoderDecoder(TINY), INPUTS, TARGETS)
-  einsum = EncoderDecoder(TINY).apply({'params': params}, INPUTS, TARGETS)
-  fused = EncoderDecoder(TINY.replace(attention_impl='fused')).apply(
+@CONFIGS
+def test_fused_attention_model_equals_einsum_model(config):
+  params = init(EncoderDecoder(config), INPUTS, TARGETS)
+  einsum = EncoderDecoder(config).apply({'params': params}, INPUTS, TARGETS)
+  fused = EncoderDecoder(config.replace(attention_impl='fused')).apply(
       {'params': params}, INPUTS, TARGETS)
   real = np.asarray(segments(TARGETS), bool)
   np.testing.assert_allclose(fused[real], einsum[real], atol=1e-5)
 
 
-def test_scanned_layers_equal_looped_layers_with_stacked_params():
-  params = init(EncoderDecoder(TINY), INPUTS, TARGETS)
-  looped = EncoderDecoder(TINY).apply({'params': params}, INPUTS, TARGETS)
-  scanned_model = EncoderDecoder(TINY.replace(scan_layers=True))
+@CONFIGS
+def test_scanned_layers_equal_looped_layers_with_stacked_params(config):
+  params = init(EncoderDecoder(config), INPUTS, TARGETS)
+  looped = EncoderDecoder(config).apply({'params': params}, INPUTS, TARGETS)
+  scanned_model = EncoderDecoder(config.replace(scan_layers=True))
   scanned_params = stacked(params)
   # The mapped tree is exactly the scanned model's own parameter tree.
   own = jax.eval_shape(lambda: scanned_model.init(KEY, INPUTS, TARGETS))
@@ -307,17 +328,19 @@ def loss_fn(model, params, inputs, targets):
   return (losses * weights).sum() / weights.sum()
 
 
-def test_remat_gives_the_same_loss_and_gradients():
+@CONFIGS
+def test_remat_gives_the_same_loss_and_gradients(config):
   """Same parameters (stacked for scan); rematerialisation changes only what
   the backward pass recomputes."""
   def loss_and_grads(model, params):
     return jax.jit(jax.value_and_grad(
         lambda p: loss_fn(model, p, INPUTS, TARGETS)))(params)
 
-  params = init(EncoderDecoder(SHALLOW), INPUTS, TARGETS)
-  loss, grads = loss_and_grads(EncoderDecoder(SHALLOW), params)
+  shallow = config.replace(num_encoder_layers=1, num_decoder_layers=1)
+  params = init(EncoderDecoder(shallow), INPUTS, TARGETS)
+  loss, grads = loss_and_grads(EncoderDecoder(shallow), params)
   for remat_policy, scan_layers in [('full', False), ('dots', True)]:
-    model = EncoderDecoder(SHALLOW.replace(remat_policy=remat_policy,
+    model = EncoderDecoder(shallow.replace(remat_policy=remat_policy,
                                            scan_layers=scan_layers))
     convert = stacked if scan_layers else (lambda tree: tree)
     remat_loss, remat_grads = loss_and_grads(model, convert(params))
@@ -362,8 +385,11 @@ def test_both_norm_positions_learn_to_copy(norm_position):
                                   position_embedding='learned')),
     (EncoderDecoder, TINY.replace(share_embeddings='target',
                                   scan_layers=True)),
+    (EncoderDecoder, MODERN.replace(scan_layers=True)),
     (DecoderLM, TINY),
+    (DecoderLM, MODERN),
     (EncoderClassifier, TINY),
+    (EncoderClassifier, MODERN),
     (EncoderRegressor, TINY),
 ])
 def test_every_parameter_has_logical_axis_names(model_cls, config):
