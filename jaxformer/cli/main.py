@@ -114,15 +114,14 @@ def load_trained(args, overrides):
   `overrides` applied: keys that leave the model as trained (decode.*,
   eval.*, the data files...), as a resumed run may change them."""
   import dataclasses
-  from jaxformer.checkpoints import manager as checkpoint_lib
+  from jaxformer.config import resume
   from jaxformer.config import settings as config_lib
   from jaxformer.checkpoints import trained
   model = trained.load(args.workdir, args.checkpoint)
   if not overrides:
     return model
   config = config_lib.with_overrides(model.config, overrides)
-  changed = checkpoint_lib.incompatible_keys(model.config.to_dict(),
-                                             config.to_dict())
+  changed = resume.incompatible_keys(model.config.to_dict(), config.to_dict())
   if changed:
     raise config_lib.ConfigError(
         f'--config.{changed[0]}: a trained model keeps the settings it was '

@@ -3,7 +3,6 @@
 Everything with side effects lives here: the workdir, tokenizers, the data
 stream, checkpoints, metrics, evaluation and signals.
 """
-import dataclasses
 import functools
 import signal
 import time
@@ -23,7 +22,7 @@ from jaxformer.parallel import cluster
 from jaxformer.parallel import mesh as mesh_lib
 from jaxformer.storage import paths
 from jaxformer.checkpoints import trained as trained_lib
-from jaxformer.data import defaults as data_config_lib
+from jaxformer.config import resume
 from jaxformer.data import task_batches
 from jaxformer.data import token_cache as token_cache_lib
 from jaxformer.data import tokenizer as tokenizer_lib
@@ -188,9 +187,8 @@ class Trainer:
         config.data, workdir, agree=agree)
     self.config = with_labels(
         with_vocabulary(config, self.source_tok, self.target_tok))
-    self.checkpoints.check_compatible(self.config, defaults=dict(
-        model=dataclasses.asdict(model_config_lib.ModelConfig()),
-        data=data_config_lib.default_data_config().to_dict()))
+    resume.check_compatible(self.checkpoints, self.config,
+                            resume.option_defaults())
     self.checkpoints.set_extra(self.config, (self.source_tok, self.target_tok))
     if self.is_main:
       paths.write_text(paths.join(workdir, 'config.json'),
@@ -205,8 +203,8 @@ class Trainer:
                                                        self.devices),
                                     jax.process_index())
     self.mesh, self.share = self.plan.mesh, self.plan.share
-    self.checkpoints.use_data_order(self.plan.data_order,
-                                    self.config.data.allow_new_data_order)
+    resume.use_data_order(self.checkpoints, self.plan.data_order,
+                          self.config.data.allow_new_data_order)
     self._set_num_steps(self.config.train.num_steps)
     self.example_batch = self.task.example_batch(self.config)
     self.token_cache = token_cache_lib.directory(self.config.data, workdir)
