@@ -29,7 +29,7 @@ from jaxformer.model import config as model_config_lib
 from jaxformer.train.tasks import get_task
 from jaxformer.train import schedule as schedules
 from jaxformer.checkpoints import trained
-from jaxformer.run.trainer import with_vocabulary
+from jaxformer.train.run_spec import with_vocabulary
 from jaxformer.train.state import create_train_state, state_shardings
 
 CONFIG = str(pathlib.Path(__file__).resolve().parents[1] / 'configs'
