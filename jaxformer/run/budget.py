@@ -82,7 +82,8 @@ class ScheduleOverBudget:
 
   def __init__(self, budget: Budget, train, workdir: str, log):
     """train: the `train.*` config; log: prints a line (process 0)."""
-    self.budget, self.train, self.workdir, self.log = budget, train, workdir, log
+    self.budget, self.train = budget, train
+    self.workdir, self.log = workdir, log
     self.measure_at = None  # The step at which to fix the count.
     self._mark = None  # (step, budget time) the measurement starts from.
 
