@@ -25,7 +25,8 @@ import argparse
 import os
 import pathlib
 
-from jaxformer.aot import compile_run as aot
+from jaxformer.aot import topology as topology_lib
+from jaxformer.aot.compile_run import compile_run
 from jaxformer.config.settings import load_config
 
 CONFIG = str(pathlib.Path(__file__).resolve().parents[1] / 'configs'
@@ -41,9 +42,9 @@ def overrides(kernel: str, length: int, rows: int, chips: int) -> list[str]:
 
 
 def measure(topology: str, kernel: str, length: int, rows: int) -> dict:
-  chips = aot.topology(topology).chips
+  chips = topology_lib.topology(topology).chips
   config = load_config(CONFIG, overrides(kernel, length, rows, chips))
-  [program] = aot.compile_run(config, topology, kinds=('train',))['programs']
+  [program] = compile_run(config, topology, kinds=('train',))['programs']
   return program
 
 

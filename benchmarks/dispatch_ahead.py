@@ -25,7 +25,6 @@ from jaxformer.parallel import mesh as mesh_lib
 from jaxformer.config.settings import load_config
 from jaxformer.data import task_batches
 from jaxformer.run.trainer import Trainer
-from jaxformer.train.step import compile_train_step
 
 
 def run_round(step_fn, state, batches, mesh, steps: int, mode: str,
@@ -65,17 +64,11 @@ def main(argv=None):
     trainer = Trainer(config, workdir)
     state = trainer.initial_state()
     trainer.checkpoints.close()
-  config, train = trainer.config, trainer.config.train
-  batches = task_batches.train_batches(config, trainer.source_tok,
-                                     trainer.target_tok, start_step=0)
-  with mesh_lib.activate(trainer.mesh, trainer.rules):
-    step_fn = compile_train_step(
-        trainer.mesh, jax.tree.map(lambda x: x.sharding, state),
-        task=trainer.task,
-        model=trainer.task.model(trainer.model_config, deterministic=False),
-        tx=trainer.tx, schedule=trainer.schedule,
-        label_smoothing=train.label_smoothing,
-        grad_accum_steps=train.grad_accum_steps, prng_impl=train.prng_impl)
+  run = trainer.spec
+  batches = task_batches.train_batches(run.config, trainer.source_tok,
+                                       trainer.target_tok, start_step=0)
+  with mesh_lib.activate(run.mesh, run.rules):
+    step_fn = run.train_step(jax.tree.map(lambda x: x.sharding, state))
     state, _ = run_round(step_fn, state, batches, trainer.mesh, 5, 'bounded',
                          args.log_every)  # Compiles.
     results = {'unbounded': [], 'bounded': []}

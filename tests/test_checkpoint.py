@@ -18,6 +18,7 @@ import pytest
 
 from jaxformer.checkpoints import manager as checkpoint_lib
 from jaxformer.cli import main as cli
+from jaxformer.config import resume
 from jaxformer.inference import evaluate
 from jaxformer.parallel import mesh as mesh_lib
 from jaxformer.config.settings import default_config, load_config
@@ -28,7 +29,7 @@ from jaxformer.model import config as model_config_lib
 from jaxformer.train.tasks import get_task
 from jaxformer.train import schedule as schedules
 from jaxformer.checkpoints import trained
-from jaxformer.run.trainer import with_vocabulary
+from jaxformer.train.run_spec import with_vocabulary
 from jaxformer.train.state import create_train_state, state_shardings
 
 CONFIG = str(pathlib.Path(__file__).resolve().parents[1] / 'configs'
@@ -270,7 +271,7 @@ def test_resuming_with_another_model_or_state_layout_names_the_keys(
   changed.train.update(num_steps=10_000, weight_decay=0.1, prng_impl='rbg')
 
   with pytest.raises(checkpoint_lib.CheckpointError) as error:
-    checkpoints.check_compatible(changed)
+    resume.check_compatible(checkpoints, changed)
 
   message = str(error.value)
   for key in ('model.d_model: saved 32, now 64',
@@ -289,7 +290,7 @@ def test_resuming_with_more_steps_or_another_learning_rate_is_allowed(
   changed = ml_collections.ConfigDict(config.to_dict())
   changed.train.update(num_steps=10_000, learning_rate=1e-4,
                        grad_clip_norm=0.5, schedule='warmup_cosine')
-  checkpoints.check_compatible(changed)
+  resume.check_compatible(checkpoints, changed)
 
 
 def test_a_run_saved_before_an_option_existed_resumes_with_its_default(
@@ -303,13 +304,13 @@ def test_a_run_saved_before_an_option_existed_resumes_with_its_default(
   checkpoints = checkpoint_lib.Checkpointer(str(tmp_path), options())
   defaults = dict(model=dict(sinusoid_layout='interleaved'),
                   data=dict(tokenizer=dict(target_vocab_size=0)))
-  checkpoints.check_compatible(config, defaults)
+  resume.check_compatible(checkpoints, config, defaults)
 
   changed = ml_collections.ConfigDict(config.to_dict())
   changed.model.sinusoid_layout = 'halves'
   with pytest.raises(checkpoint_lib.CheckpointError,
                      match="model.sinusoid_layout: saved None, now 'halves'"):
-    checkpoints.check_compatible(changed, defaults)
+    resume.check_compatible(checkpoints, changed, defaults)
 
 
 def batching(config, kind: str, grad_accum_steps: int = 1):
@@ -324,7 +325,8 @@ def save_in_data_order(workdir, config, tokenizer, row_shards: int) -> None:
   `row_shards` row shards."""
   checkpoints = checkpoint_lib.Checkpointer(str(workdir), options())
   checkpoints.set_extra(config, [tokenizer])
-  checkpoints.use_data_order(task_batches.data_order(config, row_shards), False)
+  resume.use_data_order(checkpoints,
+                        task_batches.data_order(config, row_shards), False)
   checkpoints.save(1, {'w': np.zeros(2)}, {'loss': 1.0})
   checkpoints.close()
 
@@ -336,11 +338,11 @@ def test_resuming_bucket_batches_on_another_row_multiple_needs_consent(
   resumed = checkpoint_lib.Checkpointer(str(tmp_path), options())
   # 4 row shards x 2 microbatches: a multiple of 8 rows as before, the
   # same batches.
-  resumed.use_data_order(task_batches.data_order(batching(config, 'bucket', 2),
-                                               4), False)
+  resume.use_data_order(
+      resumed, task_batches.data_order(batching(config, 'bucket', 2), 4), False)
   new_order = task_batches.data_order(batching(config, 'bucket', 2), 8)
   with pytest.raises(checkpoint_lib.CheckpointError) as error:
-    resumed.use_data_order(new_order, False)
+    resume.use_data_order(resumed, new_order, False)
   message = str(error.value)
   assert '\n' not in message
   assert ('multiples of 8 rows (8 row shards (mesh.data x mesh.fsdp) x 1 '
@@ -349,7 +351,7 @@ def test_resuming_bucket_batches_on_another_row_multiple_needs_consent(
           in message)
   assert '--config.data.allow_new_data_order=true' in message
 
-  resumed.use_data_order(new_order, True)
+  resume.use_data_order(resumed, new_order, True)
   assert 'going on in the new order' in capsys.readouterr().err
   resumed.save(2, {'w': np.zeros(2)}, {'loss': 1.0})
   resumed.wait()
@@ -381,8 +383,8 @@ def test_pack_batches_resume_on_any_layout(tmp_path, config, tokenizer):
 
   save_in_data_order(tmp_path, pack, tokenizer, 8)
   resumed = checkpoint_lib.Checkpointer(str(tmp_path), options())
-  resumed.use_data_order(task_batches.data_order(batching(config, 'pack', 4), 2),
-                         False)
+  resume.use_data_order(
+      resumed, task_batches.data_order(batching(config, 'pack', 4), 2), False)
   resumed.close()
 
 

@@ -72,10 +72,11 @@ def test_a_second_compile_loads_each_report_from_the_cache(tmp_path,
                                                            monkeypatch):
   import jax
   import jax.numpy as jnp
-  from jaxformer.aot import compile_run as aot
+  from jaxformer.aot import programs
+  from jaxformer.aot import topology as topology_lib
   from jaxformer.aot import report_cache
   monkeypatch.setenv('JAXFORMER_COMPILATION_CACHE', str(tmp_path))
-  topo = aot.topology('v5e-8')
+  topo = topology_lib.topology('v5e-8')
   measured = []
 
   def measure(program, topo, num_devices):
@@ -85,7 +86,7 @@ def test_a_second_compile_loads_each_report_from_the_cache(tmp_path,
 
   def program(scale):
     x = jax.ShapeDtypeStruct((4, 4), jnp.float32)
-    return aot.Program('double', 'train',
+    return programs.Program('double', 'train',
                        lambda: jax.jit(lambda a: a * scale).lower(x))
 
   assert report_cache.report(program(2), topo, 8, measure) == {

@@ -14,7 +14,10 @@ pytest.importorskip(
     'libtpu', reason='libtpu has wheels for Linux x86_64 only; elsewhere '
     'install it as `pip install -e ".[tpu]"` does on Linux x86_64.')
 
-from jaxformer.aot import compile_run as aot
+from jaxformer.aot import programs
+from jaxformer.aot import report as report_lib
+from jaxformer.aot import topology as topology_lib
+from jaxformer.aot.compile_run import compile_run
 from jaxformer.cli import main as cli
 from jaxformer.aot import hlo
 from jaxformer.config.settings import load_config  # noqa: E402
@@ -128,10 +131,11 @@ def test_collectives_in_loops_count_once_per_iteration():
   assert hlo.runs_per_computation(unknown_start) == (runs | {
       'outer_body': 1, 'inner_body': 3}, 1)
   report = {'loops': [6], 'rows_per_device': [1536]}
-  assert aot.format_output_layer(report) == (
+  assert report_lib.format_output_layer(report) == (
       'a loop of 6; 1,536 rows per chip in its logits matmuls')
-  assert aot.format_output_layer({'loops': [], 'rows_per_device': [320]}) \
-      == 'one chunk (no loop); 320 rows per chip in its logits matmuls'
+  assert report_lib.format_output_layer(
+      {'loops': [], 'rows_per_device': [320]}) == (
+          'one chunk (no loop); 320 rows per chip in its logits matmuls')
 
 
 def test_custom_calls_are_counted_by_target():
@@ -149,42 +153,42 @@ def test_shape_bytes():
 
 
 def test_topology_names_follow_google_accelerator_types():
-  v5p = aot.topology('v5p-64')  # TensorCores: 32 chips of 2.
+  v5p = topology_lib.topology('v5p-64')  # TensorCores: 32 chips of 2.
   assert (v5p.chips, v5p.chip.hbm_gib) == (32, 95)
-  assert aot.topology('v4-8').chips == 4
-  assert aot.topology('v5e-8').chips == 8  # v5e and v6e count chips.
-  assert aot.topology('v6e-256').chips == 256
+  assert topology_lib.topology('v4-8').chips == 4
+  assert topology_lib.topology('v5e-8').chips == 8  # v5e and v6e count chips.
+  assert topology_lib.topology('v6e-256').chips == 256
   with pytest.raises(ValueError, match='Unknown topology .v5e-7.*v5e-8'):
-    aot.topology('v5e-7')
+    topology_lib.topology('v5e-7')
 
 
 @pytest.mark.parametrize('name, chips, hosts', [
     ('v5e-8', 8, 1), ('v5e-16', 16, 4), ('v5p-64', 32, 8), ('v4-8', 4, 1),
     ('v6e-256', 256, 64)])
 def test_compile_only_devices_of_every_host(name, chips, hosts):
-  devices = aot.topology_devices(aot.topology(name))
+  devices = topology_lib.topology_devices(topology_lib.topology(name))
   assert len(devices) == chips
   assert len({d.process_index for d in devices}) == hosts
 
 
 def test_bucket_shapes_round_rows_to_the_multiple():
   config = load_config('configs/wmt14_ende_base.py')
-  shapes = aot.train_shapes(config, 8)
+  shapes = programs.train_shapes(config, 8)
   # 25,000 // 8 = 3,125 rows, rounded down to stay within the token budget.
   assert shapes[0] == (3120, 8, 8)
   assert shapes[-1] == (96, 256, 256)
   assert all(rows % 8 == 0 for rows, _, _ in shapes)
-  assert aot.train_shapes(config, 8, buckets=[8, 256]) == [shapes[0],
-                                                           shapes[-1]]
+  assert programs.train_shapes(config, 8, buckets=[8, 256]) == [
+      shapes[0], shapes[-1]]
   with pytest.raises(ValueError, match='not a bucket width'):
-    aot.train_shapes(config, 8, buckets=[9])
+    programs.train_shapes(config, 8, buckets=[9])
 
 
 def test_misfit_message_names_program_shortfall_and_levers():
   report = {'programs': [{
       'program': 'train 104x(256+256)', 'kind': 'train', 'fits': False,
       'memory_gib': {'total': 20.5}, 'shortfall_gib': 4.5, 'hbm_gib': 16}]}
-  message = aot.misfit_message(report)
+  message = report_lib.misfit_message(report)
   assert 'train 104x(256+256) does not fit' in message
   assert '4.50 GiB more than the 16 GiB' in message
   for lever in ('mesh.fsdp', 'model.remat_policy', 'model.scan_layers',
@@ -203,8 +207,8 @@ def base_on_v5e8():
   config = load_config('configs/wmt14_ende_base.py:bf16',
                        ['--config.mesh.data=8',
                         '--config.model.scan_layers=true'])
-  return aot.compile_run(config, 'v5e-8', kinds=('train',), buckets=[256],
-                         log=print)
+  return compile_run(config, 'v5e-8', kinds=('train',), buckets=[256],
+                     log=print)
 
 
 def test_base_fits_a_v5e8(base_on_v5e8):
@@ -232,8 +236,8 @@ def big_on_v5p64():
   config = load_config('configs/wmt14_ende_big.py:bf16', [
       '--config.mesh.data=1', '--config.mesh.fsdp=32',
       '--config.model.scan_layers=true', '--config.model.remat_policy=full'])
-  return aot.compile_run(config, 'v5p-64', kinds=('train',), buckets=[256],
-                         log=print)
+  return compile_run(config, 'v5p-64', kinds=('train',), buckets=[256],
+                     log=print)
 
 
 def test_big_with_fsdp_fits_a_v5p64(big_on_v5p64):
@@ -260,7 +264,7 @@ def tensor_parallel():
   """A shrunk translator with heads, MLP and vocabulary split 4 ways."""
   config = load_config('configs/quickstart.py:runlocal', SMALL + [
       '--config.mesh.data=2', '--config.mesh.tensor=4'])
-  return aot.compile_run(config, 'v5e-8', log=print)
+  return compile_run(config, 'v5e-8', log=print)
 
 
 def test_tensor_parallel_layout_compiles_every_program(tensor_parallel):

@@ -19,7 +19,8 @@ import pytest
 
 from jaxformer.checkpoints import manager as checkpoint_lib
 from jaxformer.config.settings import load_config
-from jaxformer.run.trainer import NonFiniteLossError, Trainer
+from jaxformer.run.log_window import NonFiniteLossError
+from jaxformer.run.trainer import Trainer
 from jaxformer.run.metrics import read_metrics
 
 CONFIG = str(pathlib.Path(__file__).resolve().parents[1] / 'configs'

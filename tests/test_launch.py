@@ -439,14 +439,14 @@ def jobset(text):
 def test_gke_tpu_jobset_has_one_pod_per_host_of_the_slice(
     fakes, accelerator_type, topology_name):
   pytest.importorskip('libtpu')
-  from jaxformer.aot import compile_run as aot
+  from jaxformer.aot import topology as topology_lib
   env, calls, _ = fakes
   result = run([*GKE, '--accelerator-type', accelerator_type, '--spot',
                 '--dry-run', '--', *TRAIN], env)
   pods, spec = jobset(result.stdout)
   # The slice as libtpu lays it out: its hosts, chips and shape.
-  topology = aot.topology(topology_name)
-  devices = aot.topology_devices(topology)
+  topology = topology_lib.topology(topology_name)
+  devices = topology_lib.topology_devices(topology)
   assert pods == len({d.process_index for d in devices})
   (container,) = spec['containers']
   chips = container['resources']['limits']['google.com/tpu']

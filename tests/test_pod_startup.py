@@ -2,7 +2,7 @@
 on the devices of libtpu's compile-only client, which carry each chip's
 process index as a pod gives it (jax.make_mesh interleaves the hosts).
 
-`aot.rehearse_hosts` runs, for every process, `host_plan.plan_host`: the
+`programs.rehearse_hosts` runs, for every process, `host_plan.plan_host`: the
 function `jaxformer train` runs at start-up on its own host. Nothing is
 compiled here, so these take seconds.
 """
@@ -13,8 +13,11 @@ pytest.importorskip(
     'libtpu', reason='libtpu has wheels for Linux x86_64 only; elsewhere '
     'install it as `pip install -e ".[tpu]"` does on Linux x86_64.')
 
-from jaxformer.aot import compile_run as aot
+from jaxformer.aot import programs
+from jaxformer.aot import topology as topology_lib
+from jaxformer.aot.compile_run import compile_run
 from jaxformer.run import host_plan
+from jaxformer.train import run_spec
 from jaxformer.parallel import mesh as mesh_lib
 from jaxformer.config.settings import load_config  # noqa: E402
 
@@ -35,13 +38,13 @@ LAYOUTS = [
 def pod_config(mesh: dict, path: str = 'configs/quickstart.py'):
   overrides = ['data.batch_size=512'] + [
       f'mesh.{axis}={mesh.get(axis, 1)}' for axis in ('data', 'fsdp', 'tensor')]
-  return aot.with_expected_vocabulary(load_config(path, overrides))
+  return run_spec.with_expected_vocabulary(load_config(path, overrides))
 
 
 def rehearse(topology: str, config):
-  devices = aot.topology_devices(aot.topology(topology))
-  mesh = host_plan.run_mesh(config, devices)
-  return mesh, aot.rehearse_hosts(config, mesh, aot.state_layout(config, mesh))
+  devices = topology_lib.topology_devices(topology_lib.topology(topology))
+  run = programs.compiled_run(config, devices)
+  return run.mesh, programs.rehearse_hosts(run)
 
 
 @pytest.mark.parametrize('topology, mesh_sizes, per_process, per_device',
@@ -68,7 +71,7 @@ def test_every_host_of_the_pod_layouts_starts(topology, mesh_sizes,
   fed = sorted(row for plan in plans for row in plan.share.rows(512))
   assert fed == list(range(512))
   # Each host holds its part of the train state; together, all of it.
-  abstract, _ = aot.state_layout(config, mesh)
+  abstract, _ = run_spec.RunSpec.build(config, mesh).state_layout
   total = sum(x.size * x.dtype.itemsize for x in jax.tree.leaves(abstract))
   assert all(0 < plan.state_bytes <= total for plan in plans)
   assert sum(plan.state_bytes for plan in plans) >= total
@@ -96,12 +99,12 @@ def test_tensor_groups_are_kept_within_a_host():
 def test_compile_refuses_what_train_refuses_with_the_same_message(
     mesh_sizes, message):
   config = pod_config(mesh_sizes)
-  devices = aot.topology_devices(aot.topology('v5e-16'))
+  devices = topology_lib.topology_devices(topology_lib.topology('v5e-16'))
   with pytest.raises(ValueError, match=message) as train_error:
-    mesh = host_plan.run_mesh(config, devices)
+    mesh = run_spec.run_mesh(config, devices)
     host_plan.plan_host(config, mesh, 0)
   with pytest.raises(ValueError) as compile_error:
-    aot.compile_run(config, 'v5e-16', kinds=())
+    compile_run(config, 'v5e-16', kinds=())
   assert str(compile_error.value) == str(train_error.value)
 
 

@@ -46,7 +46,7 @@ def key(lowered_text: str, program, topology_name: str,
 
 
 def report(program, topo, num_devices: int, measure) -> dict:
-  """`measure(program, topo, num_devices)` (aot.program_report), or the
+  """`measure(program, topo, num_devices)` (report.program_report), or the
   report it gave before for the same key ('from_cache': True)."""
   directory = compilation_cache.directory()
   if directory is None:

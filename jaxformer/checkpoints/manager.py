@@ -7,10 +7,9 @@ step. The data stream is addressed by step, so the step is its position.
 Orbax writes each step into a temporary directory and renames it when
 complete, so a half-written step is never taken for a good one.
 
-An export (`export_params`, `jaxformer export` / `jaxformer average`) is a
-directory OUT/{params, extra}: parameters only, with the config and the
-tokenizers, which `restore_export` reads back. What the arrays are (the
-model, its shapes and shardings) is the caller's: `trained.py`.
+Exports (parameters only) are `exports.py`'s. What the arrays are (the
+model, its shapes and shardings) is `trained.py`'s; which config changes a
+run may resume with is `config/resume.py`'s.
 """
 import base64
 import json
@@ -29,54 +28,9 @@ from orbax.checkpoint.checkpoint_managers import preservation_policy
 
 from jaxformer.storage import paths
 
-# Keys that may change when a run resumes; everything else must match.
-RESUMABLE_CHANGES = ('train.', 'eval.', 'checkpoint.', 'decode.', 'init.',
-                     'distributed.', 'mesh.', 'data.tokenizer.wait_seconds',
-                     'data.allow_new_data_order',
-                     'data.tsv.', 'data.files.', 'data.tfds.data_dir',
-                     'seed')
-
-# Resumable keys that still change the layout of the saved state: the RNG
-# key's implementation, and clipping or weight decay switched on or off.
-STATE_LAYOUT = {'train.prng_impl': str, 'train.grad_clip_norm': bool,
-                'train.weight_decay': bool}
 
 class CheckpointError(RuntimeError):
   """A checkpoint that cannot be written or used as asked."""
-
-
-def _flatten(config: dict, prefix: str = '') -> dict[str, object]:
-  flat = {}
-  for key, value in config.items():
-    if isinstance(value, dict):
-      flat.update(_flatten(value, f'{prefix}{key}.'))
-    else:
-      flat[f'{prefix}{key}'] = value
-  return flat
-
-
-def incompatible_keys(saved: dict, current: dict, defaults: dict | None = None
-                      ) -> list[str]:
-  """Config keys whose change would make the saved state unusable.
-
-  `defaults`: values of keys that a config saved by an older jaxformer
-  lacks (options added since, whose defaults behave as before).
-  """
-  a, b = _flatten(saved), _flatten(current)
-  a = {**{k: v for k, v in _flatten(defaults or {}).items() if k in b}, **a}
-  changed = [k for k in sorted(set(a) | set(b))
-             if not _same(a.get(k), b.get(k))]
-  return [k for k in changed if not k.startswith(RESUMABLE_CHANGES)
-          or (k in STATE_LAYOUT
-              and STATE_LAYOUT[k](a.get(k)) != STATE_LAYOUT[k](b.get(k)))]
-
-
-def _same(saved, current) -> bool:
-  """Equal values, or a relative path that a config saved before paths were
-  made absolute at loading (config/path_keys.py) now made absolute."""
-  return json.dumps(saved) == json.dumps(current) or (
-      isinstance(saved, str) and bool(saved)
-      and paths.absolute(saved) == current)
 
 
 def _blocking_file(path: str) -> str | None:
@@ -415,58 +369,15 @@ class Checkpointer:
       multihost_utils.sync_global_devices('jaxformer_moved_damaged_steps')
     self.manager.reload()
 
-  def _newest_extra(self) -> dict | None:
-    """The `extra` of the newest step whose `extra` reads, if any."""
+  def newest_extra(self) -> dict | None:
+    """The `extra` of the newest step whose `extra` reads, if any (which
+    config and data order a resumed run continues: `config/resume.py`)."""
     for step in reversed(self.all_steps()):
       try:
         return self.restore_extra(step)
       except Exception:  # A damaged step: restore_latest reports it.
         continue
     return None
-
-  def check_compatible(self, config: ml_collections.ConfigDict,
-                       defaults: dict | None = None) -> None:
-    """Raises if the newest readable checkpoint was made with a config whose
-    model or data differ from `config` (see `incompatible_keys`)."""
-    saved = (self._newest_extra() or {}).get('config')
-    if saved is None:
-      return
-    current = json.loads(config.to_json_best_effort())
-    keys = incompatible_keys(saved, current, defaults)
-    if keys:
-      details = '; '.join(f'{k}: saved {_flatten(saved).get(k)!r}, now '
-                          f'{_flatten(current).get(k)!r}' for k in keys)
-      raise CheckpointError(
-          f'The checkpoints in {self.directory} were made with a different '
-          f'config ({details}). Use another --workdir, or undo these changes '
-          '(train.*, eval.*, checkpoint.* and decode.* may change on resume, '
-          'except train.prng_impl and switching train.grad_clip_norm or '
-          'train.weight_decay between 0 and non-zero).')
-
-  def use_data_order(self, order: dict, allow_change: bool) -> None:
-    """Saves `order` (what the order of training examples depends on, see
-    data.tasks.data_order) with every later step. If the newest checkpoint
-    was made in another order, raises, or with `allow_change` says so and
-    goes on."""
-    self.extra['data_order'] = order
-    saved = (self._newest_extra() or {}).get('data_order')
-    if not (saved and saved['batching'] == order['batching'] == 'bucket'
-            and saved['row_multiple'] != order['row_multiple']):
-      return  # A change of batching is a config change: check_compatible.
-    def layout(o):
-      return (f"multiples of {o['row_multiple']} rows ({o['row_shards']} row "
-              f"shards (mesh.data x mesh.fsdp) x {o['grad_accum_steps']} "
-              'train.grad_accum_steps)')
-    change = (f"The checkpoints in {self.directory} were made with 'bucket' "
-              f'batches of {layout(saved)}, this run makes {layout(order)}, '
-              'which changes the examples of every later batch')
-    if not allow_change:
-      raise CheckpointError(
-          f'{change}. Resume with the saved mesh and grad_accum_steps (or '
-          'any with the same product), or pass '
-          '--config.data.allow_new_data_order=true to go on in the new order.')
-    print(f'WARNING: {change}; going on in the new order '
-          '(data.allow_new_data_order=true).', file=sys.stderr, flush=True)
 
   def close(self) -> None:
     """Waits for pending writes, and for the clean-up of unfinished steps

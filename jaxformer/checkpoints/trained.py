@@ -1,10 +1,10 @@
 """A trained model: the one way from a training workdir (its latest or a
 given checkpoint) or an export (`jaxformer export` / `average`) to
-parameters with their configs, tokenizers and task; and the abstract train
-state that the trainer's resume and every command restore into.
+parameters with their configs, tokenizers and task, laid out by the saved
+config's `RunSpec`.
 
-`checkpoint.py` reads and writes the arrays; what they are (the model of
-the saved config, its shapes and their shardings) is decided here.
+`manager.py` reads and writes the arrays; what they are (the model of the
+saved config, its shapes and their shardings) is decided here.
 """
 import base64
 import dataclasses
@@ -13,7 +13,6 @@ from typing import Any
 
 import jax
 import ml_collections
-import optax
 
 from jaxformer.checkpoints import manager as checkpoint_lib
 from jaxformer.checkpoints import exports
@@ -21,8 +20,8 @@ from jaxformer.parallel import mesh as mesh_lib
 from jaxformer.storage import paths
 from jaxformer.data.tokenizer import Tokenizer, from_serialized
 from jaxformer.model import config as model_config_lib
-from jaxformer.train.tasks import Task, get_task
-from jaxformer.train.state import state_shardings
+from jaxformer.train.run_spec import RunSpec
+from jaxformer.train.tasks import Task
 
 
 @dataclasses.dataclass(frozen=True)
@@ -37,28 +36,6 @@ class Trained:
   task: Task
 
 
-def train_state_layout(config: ml_collections.ConfigDict, mesh,
-                       tx: optax.GradientTransformation | None = None):
-  """(abstract TrainState, NamedSharding tree) of the run of `config` on
-  `mesh`, with optimizer `tx`; without one (optax.identity), the optimizer
-  state is empty: enough to restore the parameters alone."""
-  model_config = model_config_lib.from_config_dict(config.model)
-  task = get_task(config.task)
-  return state_shardings(
-      task, task.model(model_config), tx or optax.identity(),
-      task.example_batch(config), mesh,
-      config.mesh.axis_rules, config.train.prng_impl)
-
-
-def abstract_params(config: ml_collections.ConfigDict, mesh):
-  """The parameters of `config`'s model as ShapeDtypeStructs placed on
-  `mesh` (no optimizer is built)."""
-  abstract, shardings = train_state_layout(config, mesh)
-  return jax.tree.map(
-      lambda x, s: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=s),
-      abstract.params, shardings.params)
-
-
 def local_mesh():
   """All of this process's devices on the data axis: how commands hold a
   trained model."""
@@ -69,18 +46,21 @@ def tokenizers_from_extra(extra: dict) -> list[Tokenizer]:
   return [from_serialized(base64.b64decode(t)) for t in extra['tokenizers']]
 
 
+def _run_of(extra: dict) -> RunSpec:
+  """The run whose saved `extra` this is, on this process's devices."""
+  return RunSpec.build(ml_collections.ConfigDict(extra['config']), local_mesh())
+
+
 def _trained(params, extra: dict, step: int | None) -> Trained:
-  config = ml_collections.ConfigDict(extra['config'])
+  run = _run_of(extra)
   tokenizers = tokenizers_from_extra(extra)
-  return Trained(params, model_config_lib.from_config_dict(config.model),
-                 config, tokenizers[0], tokenizers[-1], step,
-                 get_task(config.task))
+  return Trained(params, run.model_config, run.config, tokenizers[0],
+                 tokenizers[-1], step, run.task)
 
 
 def _abstract_params_of(extra: dict):
   """The abstract parameters of the run whose saved `extra` this is."""
-  return abstract_params(ml_collections.ConfigDict(extra['config']),
-                         local_mesh())
+  return _run_of(extra).abstract_params()
 
 
 def load(directory: str, step: int | None = None) -> Trained:
@@ -166,12 +146,11 @@ def pretrained_start(config: ml_collections.ConfigDict):
   return config, tokenizers_from_extra(extra)
 
 
-def pretrained_params(directory: str, config: ml_collections.ConfigDict,
-                      mesh):
+def pretrained_params(directory: str, run: RunSpec):
   """The parameters of the export `directory`, placed as the model of
-  `config` on `mesh` wants them."""
+  `run` wants them."""
   _, params = exports.restore_export(
-      directory, lambda extra: abstract_params(config, mesh))
+      directory, lambda extra: run.abstract_params())
   return params
 
 

@@ -46,7 +46,7 @@ def load_trained(args, overrides):
   eval.*, the data files...), as a resumed run may change them; the paths
   they name are made absolute."""
   import dataclasses
-  from jaxformer.checkpoints import manager as checkpoint_lib
+  from jaxformer.config import resume
   from jaxformer.config import path_keys
   from jaxformer.config import settings as config_lib
   from jaxformer.checkpoints import trained
@@ -54,8 +54,7 @@ def load_trained(args, overrides):
   saved = config_lib.trained_model_config(model.config)
   config = path_keys.resolve_paths(
       config_lib.with_overrides(saved, overrides))
-  changed = checkpoint_lib.incompatible_keys(saved.to_dict(),
-                                             config.to_dict())
+  changed = resume.incompatible_keys(saved.to_dict(), config.to_dict())
   if changed:
     raise config_lib.ConfigError(
         f'--config.{changed[0]}: a trained model keeps the settings it was '

@@ -53,7 +53,8 @@ def report_translation(trainer) -> None:
 def cmd_compile(args, overrides) -> int:
   """Compiles the run's programs for a TPU topology; non-zero if one does
   not fit in HBM."""
-  from jaxformer.aot import compile_run as aot
+  from jaxformer.aot.compile_run import compile_run
+  from jaxformer.aot.report import misfit_message
   from jaxformer.config.settings import load_config
   config = load_config(args.config, overrides)
   kinds = tuple(k.strip() for k in args.programs.split(',')
@@ -65,14 +66,14 @@ def cmd_compile(args, overrides) -> int:
   buckets = None
   if args.buckets != 'all':
     buckets = [int(w) for w in args.buckets.split(',')]
-  report = aot.compile_run(config, args.topology, kinds, buckets,
-                           log=lambda text: print(text, flush=True))
+  report = compile_run(config, args.topology, kinds, buckets,
+                       log=lambda text: print(text, flush=True))
   report['config'] = args.config
   report['overrides'] = list(overrides)
   if args.json:
     with open(args.json, 'w') as f:
       json.dump(report, f, indent=2)
-  misfits = aot.misfit_message(report)
+  misfits = misfit_message(report)
   if misfits:
     print(f'jaxformer compile: {misfits}', file=sys.stderr)
     return 1

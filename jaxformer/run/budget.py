@@ -71,3 +71,65 @@ def write_steps(workdir: str, num_steps: int, seconds_per_step: float,
   paths.write_text(paths.join(workdir, STEPS_FILE), json.dumps(
       {'num_steps': num_steps, 'seconds_per_step': seconds_per_step,
        'max_minutes': max_minutes}, indent=2))
+
+
+class ScheduleOverBudget:
+  """`train.schedule_over_budget`: the step count that the budget allows,
+  measured from the first log boundary to the end of warm-up (where the
+  schedules before and after agree) and fixed there, written to the workdir
+  for a resumed run. Recompiling is not allowed for: the budget stops the
+  run a little early, where the schedule is near 0."""
+
+  def __init__(self, budget: Budget, train, workdir: str, log):
+    """train: the `train.*` config; log: prints a line (process 0)."""
+    self.budget, self.train = budget, train
+    self.workdir, self.log = workdir, log
+    self.measure_at = None  # The step at which to fix the count.
+    self._mark = None  # (step, budget time) the measurement starts from.
+
+  def start(self, start_step: int) -> int | None:
+    """The step count fixed by an earlier run, if any; else sets the step
+    at which to fix it (None when it is not wanted, or when the run resumes
+    past warm-up)."""
+    train = self.train
+    if not (train.max_minutes and train.schedule_over_budget):
+      return None
+    fixed = read_steps(self.workdir)
+    if fixed is not None:
+      self.log(f'Training to step {fixed}, the count fixed for the '
+               f'{train.max_minutes:g}-minute budget in '
+               f'{paths.join(self.workdir, STEPS_FILE)}.')
+      return fixed
+    if start_step + train.log_every >= train.warmup_steps:
+      self.log('WARNING: resumed after warm-up without '
+               f'{STEPS_FILE}; the schedule stays over '
+               f'train.num_steps={train.num_steps}.')
+      return None
+    self.measure_at = train.warmup_steps
+    return None
+
+  def at_boundary(self, step: int, last: bool) -> int | None:
+    """Call at every log boundary: the step count, when fixed at `step`."""
+    if self.measure_at and self._mark is None:
+      self._mark = (step, self.budget.elapsed())
+      return None
+    if step != self.measure_at or last:
+      return None
+    return self._fix(step)
+
+  def _fix(self, step: int) -> int:
+    """Fixes (and writes) the step count from the time per step since the
+    mark."""
+    seconds = (self.budget.elapsed() - self._mark[1]) / (step - self._mark[0])
+    num_steps = estimate_steps(step, seconds, self.budget.remaining())
+    num_steps = max(num_steps, step + 1)
+    if jax.process_count() > 1:
+      num_steps = int(multihost_utils.broadcast_one_to_all(
+          np.int32(num_steps)))
+    max_minutes = self.train.max_minutes
+    if jax.process_index() == 0:
+      write_steps(self.workdir, num_steps, seconds, max_minutes)
+    self.log(f'step {step}: {seconds:.3g} s per step; the '
+             f'{max_minutes:g}-minute budget allows '
+             f'{num_steps} steps, the schedule now ends there.')
+    return num_steps

@@ -8,7 +8,6 @@ process index), so a layout that `train` would refuse on a pod is refused
 by `compile`, with the same message, from any machine.
 """
 import dataclasses
-from collections.abc import Sequence
 
 import jax
 import ml_collections
@@ -27,7 +26,7 @@ class HostPlan:
   reads: for each training shape, the (first row, row count) ranges of the
     global batch that this process reads.
   data_order: what the order of training examples depends on besides the
-    data (`data.tasks.data_order`), saved with checkpoints and compared on
+    data (`task_batches.data_order`), saved with checkpoints and compared on
     resume.
   state_bytes: bytes of the train state on this process's devices (each
     distinct shard once), which it restores from a checkpoint.
@@ -53,13 +52,6 @@ class HostPlan:
         state_bytes=self.state_bytes)
 
 
-def run_mesh(config: ml_collections.ConfigDict,
-             devices: Sequence[jax.Device] | None = None) -> jax.sharding.Mesh:
-  """The mesh of config.mesh over `devices` (default: every device)."""
-  return mesh_lib.make_mesh(
-      {axis: config.mesh[axis] for axis in mesh_lib.MESH_AXES}, devices)
-
-
 def plan_host(config: ml_collections.ConfigDict, mesh: jax.sharding.Mesh,
               process_index: int, state_shardings=None, state_shapes=None
               ) -> HostPlan:
@@ -67,7 +59,7 @@ def plan_host(config: ml_collections.ConfigDict, mesh: jax.sharding.Mesh,
 
   Args:
     state_shardings, state_shapes: trees of the train state's NamedShardings
-      and shapes/dtypes (`trained.train_state_layout`), for the checkpoint
+      and shapes/dtypes (`RunSpec.state_layout`), for the checkpoint
       bytes; None leaves them out.
 
   Raises:

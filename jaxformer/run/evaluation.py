@@ -1,0 +1,54 @@
+"""Evaluation during training: loss metrics of the eval split (BLEU too
+for translation)."""
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from jaxformer.data import task_batches
+from jaxformer.inference import evaluate as evaluate_lib
+from jaxformer.parallel import mesh as mesh_lib
+from jaxformer.parallel.row_share import RowShare
+from jaxformer.train import loss as losses
+from jaxformer.train.run_spec import RunSpec
+
+
+class Evaluator:
+  """Evaluates parameters of `run` on its eval split; each process reads
+  the rows of its `share`. The eval step is compiled once per run."""
+
+  def __init__(self, run: RunSpec, tokenizers, share: RowShare,
+               token_cache=None):
+    self.run = run
+    self.source_tok, self.target_tok = tokenizers
+    self.share = share
+    self.token_cache = token_cache
+    self._eval_fn = None
+
+  def batches(self, split: str):
+    """This process's rows of every batch of `split`."""
+    return task_batches.eval_batches(
+        self.run.config, self.source_tok, self.target_tok, split,
+        process_index=jax.process_index(), share=self.share,
+        token_cache=self.token_cache)
+
+  def __call__(self, params) -> dict[str, float]:
+    """Loss metrics on the eval split (and BLEU for translation)."""
+    run, eval_config = self.run, self.run.config.eval
+    if self._eval_fn is None:
+      self._eval_fn = run.eval_step(jax.tree.map(lambda x: x.sharding, params))
+    totals = None
+    for index, local in enumerate(self.batches(eval_config.split)):
+      if eval_config.num_batches and index >= eval_config.num_batches:
+        break
+      local = {k: v for k, v in local.items() if k != 'example_index'}
+      sums = self._eval_fn(params, mesh_lib.global_batch(local, run.mesh))
+      totals = sums if totals is None else jax.tree.map(jnp.add, totals, sums)
+    metrics = {k: float(np.asarray(v))
+               for k, v in jax.device_get(losses.summarise(totals)).items()
+               if np.ndim(v) == 0 and k != 'weight'}
+    if run.task.translates and eval_config.bleu_examples:
+      metrics.update(evaluate_lib.evaluate_translation(
+          params, run.model_config, run.config, self.source_tok,
+          self.target_tok, eval_config.split, run.mesh,
+          max_examples=eval_config.bleu_examples, beam_size=1))
+    return metrics
