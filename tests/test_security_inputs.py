@@ -81,7 +81,7 @@ def workdir(tmp_path_factory):
   from jaxformer.parallel import mesh as mesh_lib
   from jaxformer.data import builtin
   from jaxformer.data import tokenizer as tokenizer_lib
-  from jaxformer.run.trainer import with_vocabulary
+  from jaxformer.train.run_spec import with_vocabulary
   texts = [text for pair in builtin.generate(300, 0, 'train') for text in pair]
   root = tmp_path_factory.mktemp('provenance')
   tok_config = load_config(CONFIG).data.tokenizer
