@@ -3,6 +3,8 @@ sentences (one document per line, packed into rows), on CPU in minutes.
 
   jaxformer train --config configs/lm_quick.py --workdir runs/lm
   jaxformer generate --workdir runs/lm --prompt "yesterday she bought"
+  jaxformer generate --workdir runs/lm --input prompts.txt --temperature 0 \
+      --max-new-tokens 20 --jsonl
 
 Your own text: --config.data.source=text --config.data.text.train=train.txt
 (one document per line; likewise dev and test).

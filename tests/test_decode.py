@@ -1,5 +1,6 @@
-"""Greedy search, beam search and sampling against uncached references and
-hand-built models."""
+"""Greedy search and beam search against uncached references and
+hand-built models (sampling and a language model's continuations:
+test_generate.py)."""
 import functools
 
 import jax
@@ -9,7 +10,7 @@ import pytest
 from flax.core import meta
 
 from jaxformer.inference import beam_search, search
-from jaxformer.model import DecoderLM, EncoderDecoder, ModelConfig, cpu_kernels
+from jaxformer.model import EncoderDecoder, ModelConfig, cpu_kernels
 
 TINY = ModelConfig(vocab_size=32, d_model=16, num_heads=2, d_ff=32,
                    num_encoder_layers=2, num_decoder_layers=2, max_len=32,
@@ -355,108 +356,6 @@ def test_greedy_returns_cross_attention_weights():
   source_padding = np.broadcast_to((inputs == 0)[:, None, None, None, :],
                                    weights.shape)
   np.testing.assert_array_equal(np.asarray(weights)[source_padding], 0.0)
-
-
-# ---------------------------------------------------------------- sampling ---
-
-def test_top_k_filter_keeps_the_k_largest():
-  logits = jnp.array([[1.0, 3.0, 2.0, 0.0]])
-  np.testing.assert_array_equal(search.top_k_filter(logits, 2),
-                                [[-np.inf, 3.0, 2.0, -np.inf]])
-  np.testing.assert_array_equal(search.top_k_filter(logits, 0), logits)
-
-
-@pytest.mark.parametrize('p, kept', [
-    (0.3, {0}), (0.75, {0, 2}), (0.85, {0, 1, 2}), (0.99, {0, 1, 2, 3}),
-    (1.0, {0, 1, 2, 3})])
-def test_top_p_filter_keeps_smallest_set_reaching_p(p, kept):
-  probs = np.array([0.5, 0.15, 0.3, 0.05])
-  filtered = search.top_p_filter(jnp.log(jnp.array([probs])), p)
-  assert set(np.flatnonzero(np.isfinite(filtered[0]))) == kept
-
-
-def test_sample_choice_draws_only_allowed_tokens():
-  logits = jnp.log(jnp.array([[0.5, 0.15, 0.3, 0.05]] * 2000))
-  choose = functools.partial(jax.jit(search.sample_choice), logits,
-                             jax.random.PRNGKey(0))
-  assert set(np.unique(choose(1.0, 0, 0.75))) == {0, 2}  # Nucleus.
-  assert set(np.unique(choose(5.0, 1, 1.0))) == {0}  # Top one.
-  assert set(np.unique(choose(0.0, 0, 1.0))) == {0}  # Argmax.
-  assert set(np.unique(choose(100.0, 0, 1.0))) == {0, 1, 2, 3}  # Flat.
-
-
-@functools.lru_cache(maxsize=None)
-def language_model():
-  params = random_params(DecoderLM(TINY), jnp.ones((1, 4), jnp.int32))
-  return TINY, params
-
-
-PROMPTS = np.array([[5, 9, 4, 0], [7, 0, 0, 0], [0, 0, 0, 0]], np.int32)
-
-
-def uncached_lm_greedy(config, params, prompts, max_decode_len, eos_id):
-  """Prompt tokens forced, then the argmax of the full forward pass."""
-  forward = full_forward(DecoderLM(config))
-  tokens = np.zeros((prompts.shape[0], max_decode_len), np.int32)
-  lengths = np.sum(prompts != 0, axis=-1)
-  finished = np.zeros(prompts.shape[0], bool)
-  for t in range(max_decode_len):
-    chosen = np.argmax(forward(params, tokens)[:, t], axis=-1)
-    if t < prompts.shape[1]:
-      chosen = np.where(t < lengths, prompts[:, t], chosen)
-    tokens[:, t] = np.where(finished, 0, chosen)
-    finished |= tokens[:, t] == eos_id
-  return tokens
-
-
-def test_sampling_at_temperature_zero_or_top_one_is_greedy():
-  config, params = language_model()
-  rng = jax.random.PRNGKey(1)
-  expected = uncached_lm_greedy(config, params, PROMPTS, DECODE_LEN, eos_id=-1)
-  cold = search.sample(params, config, PROMPTS, rng, max_decode_len=DECODE_LEN,
-                       temperature=0.0, eos_id=-1)
-  top_one = search.sample(params, config, PROMPTS, rng,
-                          max_decode_len=DECODE_LEN, top_k=1, eos_id=-1)
-  np.testing.assert_array_equal(cold, expected)
-  np.testing.assert_array_equal(top_one, expected)
-
-
-def test_sampling_is_reproducible_and_respects_top_k():
-  config, params = language_model()
-  sample = functools.partial(search.sample, params, config, PROMPTS,
-                             max_decode_len=DECODE_LEN, top_k=3, eos_id=-1)
-  tokens = np.asarray(sample(jax.random.PRNGKey(0)))
-  np.testing.assert_array_equal(sample(jax.random.PRNGKey(0)), tokens)
-  assert np.any(np.asarray(sample(jax.random.PRNGKey(1))) != tokens)
-  np.testing.assert_array_equal(tokens[:, :PROMPTS.shape[1]][PROMPTS != 0],
-                                PROMPTS[PROMPTS != 0])
-
-  logits = full_forward(DecoderLM(config))(params, tokens)
-  rank = np.sum(np.asarray(logits) > np.take_along_axis(
-      np.asarray(logits), tokens[..., None], axis=-1), axis=-1)
-  sampled = np.arange(DECODE_LEN) >= np.sum(PROMPTS != 0, -1, keepdims=True)
-  assert np.all(rank[sampled] < 3)
-
-
-def first_new_token(row, start):
-  """The first token of row[start:] that is not in the row before it."""
-  return next(int(token) for t, token in enumerate(row)
-              if t >= start and token not in row[:t])
-
-
-def test_sampling_stops_at_eos():
-  # EOS is a token the model generates for the first prompt (not one of the
-  # prompt's), so that row stops early and the others need not.
-  config, params = language_model()
-  no_eos = uncached_lm_greedy(config, params, PROMPTS, DECODE_LEN, eos_id=-1)
-  eos_id = first_new_token(no_eos[0], start=3)
-  expected = uncached_lm_greedy(config, params, PROMPTS, DECODE_LEN, eos_id)
-  tokens = search.sample(params, config, PROMPTS, jax.random.PRNGKey(0),
-                         max_decode_len=DECODE_LEN, temperature=0.0,
-                         eos_id=eos_id)
-  np.testing.assert_array_equal(tokens, expected)
-  assert expected[0, -1] == 0
-  assert_zero_after_eos(tokens, eos_id)
 
 
 def test_fsdp_parameters_are_gathered_once_not_at_every_token():

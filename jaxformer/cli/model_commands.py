@@ -31,9 +31,9 @@ def _closing(lines, stream):
     yield from lines
 
 
-def add_input_args(p, what: str) -> None:
+def add_input_args(p, what: str, default: str = 'stdin') -> None:
   p.add_argument('--input', type=path, help=f'a file of {what}, one per '
-                 'line (default: stdin); UTF-8')
+                 f'line (default: {default}); UTF-8')
   p.add_argument('--invalid-utf8', choices=('error', 'replace'),
                  default='error', help='on a line that is not UTF-8: stop '
                  'with an error naming it (default), or replace the '
@@ -106,14 +106,21 @@ def cmd_predict(args, overrides) -> int:
 
 
 def cmd_generate(args, overrides) -> int:
+  """--num continuations of --prompt, or of each line of --input: their
+  text with the prompt's, or with --jsonl one JSON object each."""
   from jaxformer.inference import predict
+  if args.input and args.prompt is not None:
+    raise ValueError('--prompt and --input both give prompts; pass one.')
   model = load_trained(args, overrides)
-  for text in predict.generate(
+  prompts = input_lines(args) if args.input else [args.prompt or '']
+  for out in predict.generate_lines(
       model.params, model.model_config, model.config, model.target_tok,
-      [args.prompt] * args.num,
-      seed=args.seed, max_len=args.max_len, temperature=args.temperature,
-      top_k=args.top_k, top_p=args.top_p):
-    print(text, flush=True)
+      prompts, batch_size=args.batch_size, samples=args.num,
+      max_new_tokens=args.max_new_tokens, max_len=args.max_len,
+      temperature=args.temperature, top_k=args.top_k, top_p=args.top_p,
+      seed=args.seed, on_too_long=args.on_too_long,
+      warn=lambda text: print(text, file=sys.stderr)):
+    print(json.dumps(out.record()) if args.jsonl else out.whole, flush=True)
   return 0
 
 
@@ -213,20 +220,36 @@ def add_parsers(commands) -> None:
   predict.set_defaults(run=cmd_predict)
 
   generate = commands.add_parser(
-      'generate', help='sample continuations of a prompt from a language model')
+      'generate', help='continue prompts with a language model (greedy or '
+      'sampled), one output line per prompt (--jsonl: JSON objects)')
   add_model_args(generate)
-  generate.add_argument('--prompt', default='', help='text to continue')
+  add_input_args(generate, 'prompts', default='--prompt')
+  generate.add_argument('--prompt', default=None,
+                        help='text to continue (default: the empty text)')
   generate.add_argument('--num', type=POSITIVE_INT, default=1,
-                        help='samples to draw')
+                        help='continuations of each prompt')
+  generate.add_argument('--jsonl', action='store_true',
+                        help='print {"prompt", "ids", "text"} per '
+                        'continuation: its new token ids (ending with EOS '
+                        'if one came) and their text')
   generate.add_argument('--temperature', type=NON_NEGATIVE_FLOAT, default=1.0,
                         help='0: greedy')
   generate.add_argument('--top-k', type=NON_NEGATIVE_INT, default=0,
                         help='0: off')
   generate.add_argument('--top-p', type=number(float, 'UNIT_INTERVAL'),
                         default=1.0, help='1: off')
+  generate.add_argument('--max-new-tokens', type=POSITIVE_INT, default=None,
+                        help='new tokens per prompt (default: as many as '
+                        '--max-len leaves)')
   generate.add_argument('--max-len', type=NON_NEGATIVE_INT, default=0,
-                        help='tokens incl. the prompt (0: data.max_target_length)')
+                        help='positions of a prompt and its continuation '
+                        '(0: the model\'s max_len with --max-new-tokens, '
+                        'else data.max_target_length)')
   generate.add_argument('--seed', type=NON_NEGATIVE_INT, default=0)
+  generate.add_argument('--batch-size', type=POSITIVE_INT, default=32)
+  generate.add_argument('--on-too-long', choices=('truncate', 'error'),
+                        default='truncate', help='a prompt longer than '
+                        '--max-len: cut it, with a warning, or stop')
   generate.set_defaults(run=cmd_generate)
 
   evaluate = commands.add_parser(

@@ -1,16 +1,18 @@
 """Using trained encoder-only and decoder-only models: labels or values of
-texts (`jaxformer predict`) and continuations of prompts (`jaxformer generate`)."""
+texts (`jaxformer predict`) and continuations of prompts (`jaxformer
+generate`; the search itself is `generation.py`'s)."""
 from __future__ import annotations
 
 import itertools
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
+from typing import NamedTuple
 
 import jax
 import ml_collections
-import numpy as np
 
-from jaxformer.inference import search
+from jaxformer.inference import generation
 from jaxformer.data import task_batches
+from jaxformer.data.hf_tokenizer import HFTokenizer
 from jaxformer.data.tokenizer import Tokenizer, cut_to_tokens
 from jaxformer.model import ModelConfig
 from jaxformer.train.tasks import get_task
@@ -54,27 +56,138 @@ def predict_lines(params, model_config: ModelConfig,
     yield from _predictions(predictor, params, config, tokenizer, batch)
 
 
-def generate(params, model_config: ModelConfig, config: ml_collections.ConfigDict,
-             tokenizer: Tokenizer, prompts: Sequence[str], *, seed: int = 0,
-             max_len: int = 0, temperature: float = 1.0, top_k: int = 0,
-             top_p: float = 1.0) -> list[str]:
-  """Texts continuing `prompts` (prompt included), sampled from a language
-  model; max_len (tokens, 0: data.max_target_length) bounds each result."""
+# ------------------------------------------------------------- generate ---
+
+class Generated(NamedTuple):
+  """One prompt's continuation: `ids` the new tokens (ending with EOS if
+  one came), `text` their decoded text, `whole` the decoded prompt and
+  continuation together."""
+  prompt: str
+  ids: list[int]
+  text: str
+  whole: str
+
+  def record(self) -> dict:
+    """What `generate --jsonl` prints."""
+    return {'prompt': self.prompt, 'ids': self.ids, 'text': self.text}
+
+
+def prompt_tokens(tokenizer: Tokenizer, texts: Sequence[str]
+                  ) -> list[list[int]]:
+  """The tokens of prompt texts as the model continues them: a Hugging
+  Face tokenizer's ids as it encodes them (BOS where it adds one), as
+  Hugging Face's `generate` takes them; jaxformer's own tokenizers' ids
+  without the EOS they end every text with."""
+  ids = tokenizer.encode(list(texts))
+  if isinstance(tokenizer, HFTokenizer):
+    return ids
+  return [row[:-1] if row[-1:] == [tokenizer.eos_id] else row for row in ids]
+
+
+def model_inputs(tokenizer: Tokenizer, model_config: ModelConfig,
+                 tokens: list[int]) -> list[int]:
+  """A prompt's inputs from position 0: `tokens`, after the model's
+  decoder_start_id where jaxformer trained it (a shifted sequence)."""
+  if isinstance(tokenizer, HFTokenizer):
+    return tokens
+  return [model_config.decoder_start_id] + tokens
+
+
+def _check_generates(config: ml_collections.ConfigDict) -> None:
   if not get_task(config.task).generates:
     raise ValueError(f'`generate` needs a language_model run; this workdir '
                      f'trained task={config.task!r} (use `jaxformer predict` '
                      'or `jaxformer translate`).')
-  max_len = max_len or config.data.max_target_length
-  prompt_ids = [[t for t in ids if t != tokenizer.eos_id] for ids in
-                tokenizer.encode([cut_to_tokens(p, max_len) for p in prompts])]
-  width = max(1, max(len(ids) for ids in prompt_ids))
-  if width >= max_len:
-    raise ValueError(f'a prompt has {width} tokens, not fewer than '
-                     f'--max-len={max_len}; shorten it or raise --max-len.')
-  tokens = np.full((len(prompt_ids), width), model_config.pad_id, np.int32)
-  for row, ids in enumerate(prompt_ids):
-    tokens[row, :len(ids)] = ids
-  samples = search.sample(params, model_config, tokens,
-                          jax.random.PRNGKey(seed), max_decode_len=max_len,
-                          temperature=temperature, top_k=top_k, top_p=top_p)
-  return tokenizer.decode_batch(np.asarray(samples))
+
+
+def generation_positions(model_config: ModelConfig,
+                         config: ml_collections.ConfigDict, max_len: int,
+                         max_new_tokens: int | None) -> int:
+  """The positions a prompt and its continuation may take: max_len, by
+  default the model's max_len with max_new_tokens, else
+  data.max_target_length."""
+  if not max_len:
+    max_len = (model_config.max_len if max_new_tokens is not None
+               else config.data.max_target_length)
+  if max_len > model_config.max_len:
+    raise ValueError(f'--max-len={max_len} exceeds the model\'s '
+                     f'{model_config.max_len} positions (its max_len).')
+  return max_len
+
+
+def _fitted(inputs: list[int], positions: int, cut: bool, number: int,
+            on_too_long: str, warn: Callable[[str], None] | None
+            ) -> list[int]:
+  """`inputs` of prompt `number` (1-based), cut to `positions` ids with a
+  warning (none if `warn` is None), or a ValueError with
+  on_too_long='error'; `cut`: the text was longer than what was encoded."""
+  if len(inputs) <= positions and not cut:
+    return inputs
+  count = f'{len(inputs)}{"+" if cut else ""}'
+  if on_too_long == 'error':
+    raise ValueError(f'Prompt {number} has {count} tokens, more than the '
+                     f'{positions} positions of the model (or --max-len); '
+                     'shorten it or drop --on-too-long=error to truncate.')
+  if warn is not None:
+    warn(f'warning: prompt {number} has {count} tokens, more than the '
+         f'{positions} positions of the model (or --max-len); it was cut to '
+         f'its first {positions}.')
+  return inputs[:positions]
+
+
+def _prompt_batch(tokenizer: Tokenizer, model_config: ModelConfig,
+                  batch: Sequence[tuple[int, int, str]], positions: int,
+                  on_too_long: str, warn: Callable[[str], None]
+                  ) -> tuple[list[list[int]], list[list[int]]]:
+  """(the model inputs, the prompt tokens shown with the continuation) of
+  (number, copy, text) rows; a too-long prompt is reported at its first
+  copy."""
+  texts = [cut_to_tokens(text, positions + 1) for _, _, text in batch]
+  inputs, shown = [], []
+  for tokens, cut_text, (number, copy, text) in zip(
+      prompt_tokens(tokenizer, texts), texts, batch):
+    full = model_inputs(tokenizer, model_config, tokens)
+    fitted = _fitted(full, positions, len(cut_text) < len(text), number,
+                     on_too_long, None if copy else warn)
+    inputs.append(fitted)
+    shown.append(fitted[len(full) - len(tokens):])
+  return inputs, shown
+
+
+def generate_lines(params, model_config: ModelConfig,
+                   config: ml_collections.ConfigDict, tokenizer: Tokenizer,
+                   prompts: Iterable[str], *, batch_size: int = 32,
+                   samples: int = 1, max_new_tokens: int | None = None,
+                   max_len: int = 0, temperature: float = 1.0, top_k: int = 0,
+                   top_p: float = 1.0, seed: int = 0,
+                   on_too_long: str = 'truncate',
+                   warn: Callable[[str], None] = print) -> Iterator[Generated]:
+  """`samples` continuations of each of `prompts`, in order, generated
+  `batch_size` at a time as the prompts come (`generation.generate_ids`).
+
+  A prompt and its continuation take at most max_len positions (0: see
+  `generation_positions`); a longer prompt is cut to them, with a warning,
+  or with on_too_long='error' is a ValueError. A row ends at the first of
+  the tokenizer's EOS ids (Hugging Face's `eos_ids`; the model's eos_id for
+  jaxformer's own), or after max_new_tokens (None: no bound but the
+  positions).
+  """
+  _check_generates(config)
+  generation.check_settings(temperature, top_k, top_p)
+  positions = generation_positions(model_config, config, max_len,
+                                   max_new_tokens)
+  eos_ids = getattr(tokenizer, 'eos_ids', None) or (model_config.eos_id,)
+  rows = ((number, copy, text) for number, text in enumerate(prompts, 1)
+          for copy in range(samples))
+  done = 0
+  while batch := list(itertools.islice(rows, batch_size)):
+    inputs, shown = _prompt_batch(tokenizer, model_config, batch, positions,
+                                  on_too_long, warn)
+    new = generation.generate_ids(
+        params, model_config, inputs, max_new_tokens=max_new_tokens,
+        max_positions=positions, eos_ids=eos_ids, temperature=temperature,
+        top_k=top_k, top_p=top_p, seed=seed, first_row=done)
+    for (_, _, text), ids, prompt in zip(batch, new, shown):
+      yield Generated(text, ids, tokenizer.decode(ids),
+                      tokenizer.decode(prompt + ids))
+    done += len(batch)

@@ -1,11 +1,11 @@
 """Autoregressive decoding with the models' key/value cache: the lengths and
-the token-by-token loop the searches share, greedy search for
-`EncoderDecoder` and sampling (temperature, top-k, top-p) for `DecoderLM`.
-Beam search is in `beam_search.py`.
+the token-by-token loop the searches share, and greedy search for
+`EncoderDecoder`. Beam search is in `beam_search.py`; continuations of
+prompts from a `DecoderLM` (greedy and sampling) in `generation.py`.
 
 Each search is one `jax.lax.while_loop`, compiled once per config and shapes
-(sentences, source length, decode length, beam size); eos_id, alpha and the
-sampling settings are traced values, so changing them does not recompile.
+(sentences, source length, decode length, beam size); eos_id and alpha are
+traced values, so changing them does not recompile.
 Sources are padded with the model's `pad_id`, the decoder starts from its
 `decoder_start_id` (jaxformer's vocabularies: 0 for both, `token_ids.py`);
 the end-of-sentence id is an argument (`eos_id`, by default the model's;
@@ -27,7 +27,6 @@ from flax.core import meta
 from jaxformer.model import backend, cpu_kernels
 from jaxformer.model.config import ModelConfig
 from jaxformer.model.incremental import (StepFn, encoder_outputs, init_cache,
-                                         init_lm_cache, lm_step_fn,
                                          translation_step_fn)
 from jaxformer.data.token_ids import EOS_ID, PAD_ID  # EOS_ID: re-exported.
 
@@ -79,9 +78,10 @@ def translation_arguments(config: ModelConfig, inputs,
 
 
 def previous_tokens(tokens: jax.Array, step: jax.Array,
-                    start_id: int = PAD_ID) -> jax.Array:
+                    start_id=PAD_ID) -> jax.Array:
   """The decoder input at `step`: tokens[..., step - 1], or `start_id` (the
-  model's decoder_start_id) at step 0. tokens: [..., length] -> [...]."""
+  model's decoder_start_id, or [...] ids of each row) at step 0.
+  tokens: [..., length] -> [...]."""
   last = jax.lax.dynamic_index_in_dim(tokens, jnp.maximum(step - 1, 0),
                                       axis=-1, keepdims=False)
   return jnp.where(step > 0, last, start_id)
@@ -99,7 +99,7 @@ class TokenLoopState(NamedTuple):
 
 def token_loop(step_fn: StepFn, choose_fn, cache, finished: jax.Array,
                max_decode_len: int, eos_id: int, record_shape=None,
-               start_id: int = PAD_ID, pad_id: int = PAD_ID):
+               start_id=PAD_ID, pad_id: int = PAD_ID, stop_fn=None):
   """Decodes one token per row and step until every row has emitted EOS or
   `max_decode_len` tokens.
 
@@ -108,7 +108,10 @@ def token_loop(step_fn: StepFn, choose_fn, cache, finished: jax.Array,
       the identity where step_fn returns the tokens themselves.
     finished: [b] bool, rows that produce nothing (all-padding sources).
     record_shape: (shape, dtype) of step_fn's per-step record, or None.
-    start_id: the first decoder input; pad_id: what follows EOS.
+    start_id: the first decoder input (an id, or [b] ids); pad_id: what
+      follows EOS.
+    stop_fn: (next tokens [b], step) -> [b] bool, the rows that end with
+      this step's token; by default those whose token is eos_id.
 
   Returns:
     (tokens [b, max_decode_len] int32, pad_id after EOS; records
@@ -119,6 +122,9 @@ def token_loop(step_fn: StepFn, choose_fn, cache, finished: jax.Array,
   if record_shape is not None:
     shape, dtype = record_shape
     records = jnp.zeros((max_decode_len, *shape), dtype)
+
+  if stop_fn is None:
+    stop_fn = lambda tokens, step: tokens == eos_id  # noqa: E731
 
   def not_done(state):
     return (state.step < max_decode_len) & ~jnp.all(state.finished)
@@ -136,7 +142,7 @@ def token_loop(step_fn: StepFn, choose_fn, cache, finished: jax.Array,
     return TokenLoopState(
         step=state.step + 1,
         tokens=state.tokens.at[:, state.step].set(next_tokens),
-        finished=state.finished | (next_tokens == eos_id),
+        finished=state.finished | stop_fn(next_tokens, state.step),
         cache=cache, records=records)
 
   state = TokenLoopState(jnp.array(0, jnp.int32),
@@ -226,104 +232,3 @@ def greedy_decode(params, config: ModelConfig, inputs, *,
       lambda rows: _greedy_decode(params, rows, config, max_decode_len,
                                   jnp.int32(eos_id), return_attention),
       inputs, batch_parts)
-
-
-# --------------------------------------------------------------- sampling ---
-
-def apply_temperature(logits: jax.Array, temperature) -> jax.Array:
-  """logits / temperature; temperature 0 leaves them as they are (the
-  caller takes the argmax)."""
-  return logits / jnp.where(temperature > 0, temperature, 1.0)
-
-
-def sorted_descending(logits: jax.Array) -> jax.Array:
-  """[..., v] sorted largest first along the last axis."""
-  return -jnp.sort(-logits, axis=-1)
-
-
-def top_k_filter(logits: jax.Array, k) -> jax.Array:
-  """Keeps the k largest of [..., v] logits (and ties with the k-th), -inf
-  elsewhere; k <= 0 keeps all."""
-  vocab = logits.shape[-1]
-  kth_largest = jnp.take(sorted_descending(logits), jnp.clip(k, 1, vocab) - 1,
-                         axis=-1)[..., None]
-  return jnp.where((k > 0) & (logits < kth_largest), NEG_INF, logits)
-
-
-def top_p_filter(logits: jax.Array, p) -> jax.Array:
-  """Nucleus filtering: keeps the smallest set of most probable tokens whose
-  probabilities sum to >= p (and ties with its least probable member), -inf
-  elsewhere; p >= 1 keeps all. logits: [..., v]."""
-  sorted_logits = sorted_descending(logits)
-  probs = jax.nn.softmax(sorted_logits, axis=-1)
-  mass_before = jnp.cumsum(probs, axis=-1) - probs
-  in_nucleus = (mass_before < p).at[..., 0].set(True)
-  threshold = jnp.min(jnp.where(in_nucleus, sorted_logits, jnp.inf), axis=-1,
-                      keepdims=True)
-  return jnp.where((p < 1.0) & (logits < threshold), NEG_INF, logits)
-
-
-def sample_choice(logits: jax.Array, rng: jax.Array, temperature, top_k,
-                  top_p) -> jax.Array:
-  """One token per row of [b, v] logits: temperature, then top-k, then top-p;
-  temperature 0 is the argmax."""
-  filtered = top_p_filter(top_k_filter(apply_temperature(logits, temperature),
-                                       top_k), top_p)
-  sampled = jax.random.categorical(rng, filtered).astype(jnp.int32)
-  return jnp.where(temperature > 0, sampled, greedy_choice(logits))
-
-
-@functools.partial(jax.jit, static_argnames=('config', 'max_decode_len'))
-def _sample(params, prompt_tokens, rng, config, max_decode_len, temperature,
-            top_k, top_p, eos_id):
-  batch, prompt_width = prompt_tokens.shape
-  prompt = jnp.pad(prompt_tokens, ((0, 0), (0, max_decode_len - prompt_width)),
-                   constant_values=config.pad_id)
-  prompt_length = jnp.sum(prompt_tokens != config.pad_id, axis=-1)
-
-  def choose_fn(logits, step):
-    sampled = sample_choice(logits, jax.random.fold_in(rng, step),
-                            temperature, top_k, top_p)
-    return jnp.where(step < prompt_length, prompt[:, step], sampled)
-
-  cache = init_lm_cache(config, params, batch, max_decode_len)
-  tokens, _ = token_loop(lm_step_fn(config, params), choose_fn, cache,
-                         jnp.zeros((batch,), bool), max_decode_len, eos_id,
-                         start_id=config.decoder_start_id,
-                         pad_id=config.pad_id)
-  return tokens
-
-
-def sample(params, config: ModelConfig, prompt_tokens, rng, *,
-           max_decode_len: int, temperature: float = 1.0, top_k: int = 0,
-           top_p: float = 1.0, eos_id: int | None = None):
-  """Samples continuations of prompts from a `DecoderLM`.
-
-  The prompt is fed through the cache one position at a time (the cache takes
-  one position per call), then tokens are drawn from
-  softmax(logits / temperature) restricted by top-k, then top-p.
-
-  Args:
-    prompt_tokens: [batch, p] int, right-padded with config.pad_id (a row of
-      padding samples unconditionally); prompts should not contain EOS.
-    rng: a PRNG key; the same key gives the same samples.
-    max_decode_len: length of the result, prompt included (<= model max_len).
-    temperature: 0 picks the argmax (greedy).
-    top_k: 0 disables; top_p: 1.0 disables.
-
-  Returns:
-    tokens [batch, max_decode_len] int32: prompt, then samples up to and
-    including EOS (default config.eos_id), then pad_id.
-  """
-  eos_id = config.eos_id if eos_id is None else eos_id
-  _check_decode_length(config, max_decode_len)
-  prompt_tokens = jnp.asarray(prompt_tokens, jnp.int32)
-  if prompt_tokens.shape[1] > max_decode_len:
-    raise ValueError(f'prompt width {prompt_tokens.shape[1]} exceeds '
-                     f'max_decode_len={max_decode_len}.')
-  if temperature < 0 or not 0.0 < top_p <= 1.0:
-    raise ValueError('Need temperature >= 0 and 0 < top_p <= 1.')
-  return _sample(meta.unbox(params), prompt_tokens, rng, config,
-                 max_decode_len, jnp.float32(temperature), jnp.int32(top_k),
-                 jnp.float32(top_p), jnp.int32(eos_id))
-
