@@ -24,6 +24,7 @@ from jaxformer.parallel import mesh as mesh_lib
 from jaxformer.storage import paths
 from jaxformer.checkpoints import trained as trained_lib
 from jaxformer.data import defaults as data_config_lib
+from jaxformer.data import mixture
 from jaxformer.data import task_batches
 from jaxformer.data import token_cache as token_cache_lib
 from jaxformer.data import tokenizer as tokenizer_lib
@@ -217,6 +218,8 @@ class Trainer:
   def _check_splits(self) -> None:
     """Reads the splits evaluated during and after training now, so that a
     missing or bad file is reported before any training time is spent."""
+    task_batches.check_train_files(self.config, jax.process_index(),
+                                   self.token_cache)
     splits = {self.config.eval.split}
     if self.task.translates and self.config.eval.final_split:
       splits.add(self.config.eval.final_split)
@@ -337,6 +340,7 @@ class Trainer:
         row_multiple=task_batches.row_multiple(config, self.share.num_shards),
         token_cache=self.token_cache)
     writer = MetricsWriter(self.workdir, enabled=self.is_main)
+    drawn = mixture.Tally(config.data)  # Examples per source of a mixture.
     measure_at = self._budget_measure_step(start_step)
     seconds_left = (self.budget.wall_seconds_left if train.max_minutes
                     else None)
@@ -372,6 +376,7 @@ class Trainer:
       step, mark = start_step, None
       while step < train.num_steps:
         local = next(batches)
+        drawn.add(local)
         state, metrics = step_fn(state, mesh_lib.global_batch(local, self.mesh))
         step += 1
         out_of_time = self.budget.spent(step)
@@ -395,6 +400,7 @@ class Trainer:
                      step_time=elapsed / len(records),
                      mfu=window_flops / elapsed / (peak_flops * jax.device_count()))
         final['skipped_steps'] = float(sum(1 - r['finite'] for _, r in records))
+        final.update(drawn.take())
         records = []
         writer.write(step, final)
         progress.update(step, final)
