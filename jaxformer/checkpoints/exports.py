@@ -27,11 +27,8 @@ def _emptied(value, empty):
   return empty if isinstance(value, str) else value
 
 
-def without_machine_paths(config: dict) -> dict:
-  """The JSON `config` with every string under MACHINE_KEYS emptied (''; None
-  for data.tfds.data_dir, its default)."""
-  config = copy.deepcopy(config)
-  for key in MACHINE_KEYS:
+def _empty_machine_keys(config: dict, keys) -> None:
+  for key in keys:
     *groups, name = key.split('.')
     node = config
     for group in groups:
@@ -39,6 +36,19 @@ def without_machine_paths(config: dict) -> dict:
     if isinstance(node, dict) and name in node:
       node[name] = _emptied(node[name],
                             None if key == 'data.tfds.data_dir' else '')
+
+
+def without_machine_paths(config: dict) -> dict:
+  """The JSON `config` with every string under MACHINE_KEYS emptied (''; None
+  for data.tfds.data_dir, its default), in `data` and in each source of
+  `data.mixture` (whose groups are data's)."""
+  config = copy.deepcopy(config)
+  _empty_machine_keys(config, MACHINE_KEYS)
+  data_keys = [key for key in MACHINE_KEYS if key.startswith('data.')]
+  mixture = (config.get('data') or {}).get('mixture') or {}
+  for source in mixture.get('sources') or []:
+    if isinstance(source, dict):
+      _empty_machine_keys({'data': source}, data_keys)
   return config
 
 

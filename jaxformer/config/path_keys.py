@@ -7,6 +7,8 @@ below reads, one spelling that does not depend on the working directory
 A trained model's saved config keeps none of them for a command
 (`without_paths`): what a command reads and writes comes from its user,
 never from a model someone else trained."""
+import copy
+
 import ml_collections
 
 from jaxformer.storage import paths
@@ -23,19 +25,30 @@ PATH_KEYS = (
        'data.token_cache_dir'))
 
 
-def _with_set_paths(config: ml_collections.ConfigDict, change
-                    ) -> ml_collections.ConfigDict:
-  """A copy of `config` with change(value) for each PATH_KEY that is set."""
-  config = ml_collections.ConfigDict(config.to_dict())
-  for dotted in PATH_KEYS:
+def _change_set_paths(config, keys, change) -> None:
+  """change(value) for each of `keys` that is set in `config`, in place."""
+  for dotted in keys:
     *parents, leaf = dotted.split('.')
     node = config
     for name in parents:
       node = node.get(name)
-      if node is None:  # A config saved before the key existed.
+      if not hasattr(node, 'get'):  # A config saved before the key existed.
         break
-    if node is not None and node.get(leaf):
+    if hasattr(node, 'get') and node.get(leaf):
       node[leaf] = change(node[leaf])
+
+
+def _with_set_paths(config: ml_collections.ConfigDict, change
+                    ) -> ml_collections.ConfigDict:
+  """A copy of `config` with change(value) for each PATH_KEY that is set,
+  in `data` and in each source of `data.mixture` (its groups as data's)."""
+  config = ml_collections.ConfigDict(copy.deepcopy(config.to_dict()))
+  _change_set_paths(config, PATH_KEYS, change)
+  data_keys = [key for key in PATH_KEYS if key.startswith('data.')]
+  mixture = config.get('data', {}).get('mixture', {})
+  for source in (mixture.get('sources') or []) if mixture else []:
+    if isinstance(source, dict):
+      _change_set_paths({'data': source}, data_keys, change)
   return config
 
 

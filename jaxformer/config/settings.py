@@ -20,6 +20,7 @@ from jaxformer.config import ranges as config_ranges
 from jaxformer.config.path_keys import resolve_paths, without_paths
 from jaxformer.inference import search
 from jaxformer.parallel import mesh as mesh_lib
+from jaxformer.data import mixture
 from jaxformer.data.defaults import default_data_config
 from jaxformer.model import config as model_config
 from jaxformer.train.tasks import TASKS
@@ -287,6 +288,10 @@ def validate(config: ml_collections.ConfigDict) -> None:
   problems = config_ranges.out_of_range(config)
   if problems:
     raise ConfigError(' '.join(problems))
+  try:
+    mixture.parse(config.data)
+  except ValueError as e:
+    raise ConfigError(str(e)) from None
   _validate_budget_and_average(config)
 
 

@@ -22,6 +22,14 @@ def default_data_config() -> ml_collections.ConfigDict:
       tfds=dict(name='wmt14_translate/de-en', data_dir=None,
                 source_language='en', target_language='de',
                 train_split='train', dev_split='validation', test_split='test'),
+      # Training on several sources drawn by weight, optionally in stages
+      # (docs/data.md, "Mixtures"; data/mixture.py); [] trains on
+      # data.source. Evaluation reads data.source's dev and test splits.
+      #   sources=[{'name': 'news', 'source': 'tsv',
+      #             'tsv': {'train': 'news.tsv'}, 'weight': 3}, ...]
+      #   stages=[{'until_step': 10000, 'weights': {'news': 1, 'web': 1}},
+      #           {'weights': {'news': 3, 'web': 1}}]
+      mixture=dict(sources=[], stages=[]),
       tokenizer=dict(
           model_path='',  # an existing joint model to use instead of training
           source_model_path='', target_model_path='',  # the same, joint=False

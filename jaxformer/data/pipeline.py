@@ -44,6 +44,7 @@ import ml_collections
 import numpy as np
 import tensorflow as tf
 
+from jaxformer.data import mixture as mixture_lib
 from jaxformer.data import sources
 from jaxformer.data import token_cache as token_cache_lib
 from jaxformer.data import tokenizer as tokenizer_lib
@@ -52,6 +53,7 @@ from jaxformer.data.batch_layout import (Batch, concat_blocks,
                                          pack_into_rows)
 from jaxformer.data.bucketing import (bucket_lengths, bucket_rows,
                                       bucketed_dataset)
+from jaxformer.data.mixed_packing import mixed_dataset
 from jaxformer.data.packing import packed_dataset
 from jaxformer.data.token_cache import TokenizedSplit
 from jaxformer.parallel.row_share import RowShare
@@ -60,12 +62,13 @@ from jaxformer.parallel.row_share import RowShare
 def training_examples(data_config: ml_collections.ConfigDict,
                       source_tok: tokenizer_lib.Tokenizer,
                       target_tok: tokenizer_lib.Tokenizer,
-                      token_cache: str | None = None, process_index: int = 0
-                      ) -> TokenizedSplit:
-  """The train split without examples longer than the max lengths."""
+                      token_cache: str | None = None, process_index: int = 0,
+                      name: str = '') -> TokenizedSplit:
+  """The train split without examples longer than the max lengths (`name`:
+  see `token_cache.tokenized_split`)."""
   examples = token_cache_lib.tokenized_split(
       data_config, 'train', source_tok, target_tok, token_cache,
-      process_index=process_index)
+      process_index=process_index, name=name)
   fits = ((examples.source_lengths <= data_config.max_source_length) &
           (examples.target_lengths <= data_config.max_target_length))
   if not fits.any():
@@ -133,22 +136,50 @@ def translation_train_batches(
   is tokenised once into `token_cache` (a directory, see token_cache.py), or
   in memory when None; each batch reads only the token ids of its rows.
 
+  With a `data.mixture` ('pack' only), the rows come from its sources
+  (mixed_packing.py), each source tokenised into a cache of its own.
+
   Yields:
     'inputs', 'inputs_segment_ids', 'inputs_positions' [rows, source_width]
     and 'targets', 'targets_segment_ids', 'targets_positions' [rows,
     target_width], int32.  Padding is 0 with segment id 0; positions restart
-    at 0 in each segment.
+    at 0 in each segment.  With a mixture, also 'source_counts' [sources]
+    int64: the examples each source gave to the global batch.
   """
   builders = {'pack': packed_dataset, 'bucket': bucketed_dataset}
   if data_config.batching not in builders:
     raise ValueError(f"data.batching must be 'pack' or 'bucket', got "
                      f'{data_config.batching!r}')
   _start_tensorflow()
+  mixture = mixture_lib.parse(data_config)
+  if mixture is not None:
+    splits = _mixture_examples(mixture, source_tok, target_tok, token_cache,
+                               process_index)
+    return _as_numpy(*mixed_dataset(splits, mixture, data_config, start_step,
+                                    process_index, share))
   examples = training_examples(data_config, source_tok, target_tok,
                                token_cache, process_index)
   dataset = builders[data_config.batching](examples, data_config, start_step,
                                            process_index, share, row_multiple)
   return _as_numpy(dataset, examples)
+
+
+def _mixture_examples(mixture: mixture_lib.Mixture, source_tok, target_tok,
+                      token_cache, process_index: int) -> list[TokenizedSplit]:
+  """Each source's training examples, every train file checked first
+  (where this process reads them: with a shared cache, process 0 alone)."""
+  if process_index == 0 or not isinstance(token_cache,
+                                          token_cache_lib.SharedCache):
+    mixture_lib.check_files(mixture)
+  splits = []
+  for name, config in zip(mixture.names, mixture.configs):
+    try:
+      splits.append(training_examples(config, source_tok, target_tok,
+                                      token_cache, process_index,
+                                      name=f'mixture/{name}'))
+    except sources.DataError as e:
+      raise type(e)(f"data.mixture source '{name}': {e}") from None
+  return splits
 
 
 # ---------------------------------------------------------------- evaluation

@@ -29,8 +29,10 @@ import ml_collections
 import numpy as np
 
 from jaxformer.data import batch_layout
+from jaxformer.data import mixture as mixture_lib
 from jaxformer.data import pipeline
 from jaxformer.data import sources
+from jaxformer.data import token_cache as token_cache_lib
 from jaxformer.data import tokenizer as tokenizer_lib
 from jaxformer.parallel.row_share import RowShare
 
@@ -46,11 +48,13 @@ def label_vocabulary(labels: Sequence[str]) -> list[str]:
 
 
 def labels_of(data_config: ml_collections.ConfigDict) -> list[str]:
-  """`data.labels`, or the label vocabulary of the train split if unset."""
+  """`data.labels`, or the label vocabulary of the train split (of every
+  source of a mixture) if unset."""
   if data_config.labels:
     return list(data_config.labels)
-  return label_vocabulary([label for _, label in
-                           sources.read_split(data_config, 'train')])
+  return label_vocabulary([
+      label for config in mixture_lib.train_configs(data_config)
+      for _, label in sources.read_split(config, 'train')])
 
 
 def label_ids(labels: Sequence[str], vocabulary: Sequence[str], split: str
@@ -189,9 +193,42 @@ def row_train_batches(rows: dict[str, np.ndarray], batch_size: int, seed: int,
   step = start_step
   while True:
     epoch, number = divmod(step, batches_per_epoch)
-    order = np.random.default_rng([seed, epoch]).permutation(num_rows)
+    order = _epoch_rows(num_rows, seed, epoch)
     yield _take(rows, _pick(order, number * batch_size + mine))
     step += 1
+
+
+def _epoch_rows(num_rows: int, seed: int, epoch: int) -> np.ndarray:
+  """[num_rows] the rows of `epoch` in order (a seeded permutation)."""
+  return np.random.default_rng([seed, epoch]).permutation(num_rows)
+
+
+def mixed_row_batches(source_rows: list[dict[str, np.ndarray]],
+                      mixture: mixture_lib.Mixture, batch_size: int,
+                      seed: int, *, start_step: int = 0,
+                      share: RowShare = RowShare()) -> Iterator[Batch]:
+  """Endless training batches of this process's rows (`share`), from batch
+  `start_step`, drawn from the rows of each source of `mixture` (in its
+  order; each source's epochs in the order of `row_train_batches`), with
+  'source_counts' [sources] int64: the rows each gave to the global batch."""
+  sizes = [len(next(iter(rows.values()))) for rows in source_rows]
+  batch_layout.train_rows_per_process(batch_size, share)  # Checks it divides.
+  mine = share.rows(batch_size)
+  for draw in mixture_lib.draws(mixture, seed, batch_size, start_step):
+    source, index = draw.source[mine], draw.index[mine]
+    batch = {key: np.zeros((len(mine),) + array.shape[1:], array.dtype)
+             for key, array in source_rows[0].items()}
+    for number, (rows, size) in enumerate(zip(source_rows, sizes)):
+      places = np.flatnonzero(source == number)
+      epoch, within = np.divmod(index[places], size)
+      chosen = np.empty(len(places), np.int64)
+      for each in np.unique(epoch):
+        chosen[epoch == each] = _epoch_rows(size, seed, each)[
+            within[epoch == each]]
+      for key, array in rows.items():
+        batch[key][places] = array[chosen]
+    batch['source_counts'] = draw.counts
+    yield batch
 
 
 def row_eval_batches(rows: dict[str, np.ndarray], batch_size: int, *,
@@ -217,7 +254,8 @@ def train_batches(config: ml_collections.ConfigDict,
   the rows of `share` (process_index 0 writes the token cache);
   'bucket' batches have a multiple of `row_multiple` rows, one example
   each, and no '*_segment_ids' / '*_positions'. Translation tokenises into
-  `token_cache` (a directory; None: in memory)."""
+  `token_cache` (a directory; None: in memory). With a `data.mixture`,
+  batches also hold 'source_counts' [sources] (`mixture.Tally`)."""
   if config.task not in ROW_LAYOUTS:
     batches = pipeline.translation_train_batches(
         config.data, source_tok, target_tok, start_step=start_step,
@@ -226,9 +264,35 @@ def train_batches(config: ml_collections.ConfigDict,
     if config.data.batching == 'bucket':
       return map(_without_packing, batches)
     return batches
+  mixture = mixture_lib.parse(config.data)
+  if mixture is not None:
+    mixture_lib.check_files(mixture)
+    return mixed_row_batches(
+        [task_rows(_with_data(config, data), 'train', source_tok)
+         for data in mixture.configs], mixture, config.data.batch_size,
+        config.data.seed, start_step=start_step, share=share)
   return row_train_batches(
       task_rows(config, 'train', source_tok), config.data.batch_size,
       config.data.seed, start_step=start_step, share=share)
+
+
+def _with_data(config: ml_collections.ConfigDict,
+               data: ml_collections.ConfigDict) -> ml_collections.ConfigDict:
+  config = ml_collections.ConfigDict(config.to_dict())
+  config.data = data
+  return config
+
+
+def check_train_files(config: ml_collections.ConfigDict,
+                      process_index: int = 0, token_cache=None) -> None:
+  """Raises now for a train file of a `data.mixture` source that is not
+  set or not there, where this process reads them (translation with a
+  shared token cache: process 0 alone)."""
+  mixture = mixture_lib.parse(config.data)
+  shared = (config.task not in ROW_LAYOUTS and
+            isinstance(token_cache, token_cache_lib.SharedCache))
+  if mixture is not None and (process_index == 0 or not shared):
+    mixture_lib.check_files(mixture)
 
 
 def _without_packing(batch: Batch) -> Batch:

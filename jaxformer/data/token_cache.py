@@ -90,6 +90,17 @@ class RaggedTokens:
     return dataclasses.replace(self, starts=self.starts[rows],
                                lengths=self.lengths[rows])
 
+  @classmethod
+  def concatenate(cls, parts) -> RaggedTokens:
+    """The examples of `parts` one after another (no token is copied)."""
+    bases = np.cumsum([0] + [part.shard_starts[-1] for part in parts[:-1]])
+    return cls(
+        sum((part.shards for part in parts), ()),
+        np.concatenate([[0]] + [part.shard_starts[1:] + base
+                                for part, base in zip(parts, bases)]),
+        np.concatenate([part.starts + base for part, base in zip(parts, bases)]),
+        np.concatenate([part.lengths for part in parts]))
+
   def gather(self, rows: np.ndarray, max_length: int | None = None
              ) -> tuple[np.ndarray, np.ndarray]:
     """Examples `rows` [k], each cut to `max_length` still ending in its
@@ -152,6 +163,14 @@ class TokenizedSplit:
     examples `rows` [k] (see RaggedTokens.gather); reads only their tokens."""
     return (*self.source.gather(rows, max_source_length),
             *self.target.gather(rows, max_target_length))
+
+
+def concatenate(splits: list[TokenizedSplit]) -> TokenizedSplit:
+  """The examples of `splits` one after another, in memory order: example
+  i of splits[j] is example len(splits[0]) + ... + len(splits[j - 1]) + i."""
+  return TokenizedSplit(*(RaggedTokens.concatenate([getattr(split, side)
+                                                    for split in splits])
+                          for side in SIDES))
 
 
 # ------------------------------------------------------------------ encoding
@@ -336,14 +355,16 @@ def tokenized_split(data_config: ml_collections.ConfigDict, split: str,
                     source_tok: tokenizer_lib.Tokenizer,
                     target_tok: tokenizer_lib.Tokenizer,
                     cache_dir: str | SharedCache | None = None, *,
-                    process_index: int = 0) -> TokenizedSplit:
+                    process_index: int = 0, name: str = '') -> TokenizedSplit:
   """A whole split, tokenised once: into `cache_dir` (written by process 0,
-  reused while its key matches; a `SharedCache`: under process 0's key) or,
+  reused while its key matches; a `SharedCache`: under process 0's key,
+  agreed under the split and `name`, one per source of a mixture) or,
   without one, in this process's memory. The last few splits stay open per
   process."""
   compute_key = lambda: cache_key(data_config, split, source_tok, target_tok)
   if isinstance(cache_dir, SharedCache):
-    key = cache_dir.agree(f'token_cache/{split}', compute_key,
+    agreed = f'token_cache/{split}' + (f'/{name}' if name else '')
+    key = cache_dir.agree(agreed, compute_key,
                           pattern=tokenizer_lib.SHA256)
     cache_dir = cache_dir.directory
   else:

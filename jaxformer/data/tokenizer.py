@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import hashlib
 import io
+import itertools
 import os
 import time
 from collections.abc import Iterable, Iterator, Sequence
@@ -23,6 +24,7 @@ import numpy as np
 import sentencepiece as spm
 
 from jaxformer.storage import paths
+from jaxformer.data import mixture
 from jaxformer.data import sources
 from jaxformer.data.token_ids import BOS_ID, EOS_ID, PAD_ID, UNK_ID
 
@@ -178,16 +180,26 @@ def _given_model_paths(tok_config: ml_collections.ConfigDict) -> tuple[str, ...]
           tok_config.get('target_model_path', ''))
 
 
-def _sample(data_config: ml_collections.ConfigDict) -> Iterator[sources.Pair]:
-  """A seeded sample of data.tokenizer.sample_size train pairs, in split
-  order.  Files are read in two streaming passes (count, then collect), so
-  only the sample is ever in memory."""
+def _counted_train_pairs(data_config: ml_collections.ConfigDict
+                        ) -> tuple[int, Iterable[sources.Pair]]:
+  """(how many, the pairs) of the train split; files are counted now and
+  read when the pairs are."""
   if sources.split_files(data_config, 'train'):
-    num_pairs = sources.count_pairs(data_config, 'train')
-    pairs = sources.iter_split(data_config, 'train')
-  else:  # 'builtin' and 'tfds' splits are made in memory anyway.
-    pairs = sources.read_split(data_config, 'train')
-    num_pairs = len(pairs)
+    return (sources.count_pairs(data_config, 'train'),
+            sources.iter_split(data_config, 'train'))
+  pairs = sources.read_split(data_config, 'train')  # 'builtin', 'tfds'
+  return len(pairs), pairs
+
+
+def _sample(data_config: ml_collections.ConfigDict) -> Iterator[sources.Pair]:
+  """A seeded sample of data.tokenizer.sample_size train pairs (of all the
+  sources of a mixture together), in split order.  Files are read in two
+  streaming passes (count, then collect), so only the sample is ever in
+  memory."""
+  configs = mixture.train_configs(data_config, checked=True)
+  counted = [_counted_train_pairs(config) for config in configs]
+  num_pairs = sum(count for count, _ in counted)
+  pairs = itertools.chain.from_iterable(pairs for _, pairs in counted)
   sample_size = min(data_config.tokenizer.sample_size, num_pairs)
   rng = np.random.default_rng(data_config.seed)
   chosen = np.sort(rng.choice(num_pairs, sample_size, replace=False)).tolist()

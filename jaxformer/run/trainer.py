@@ -22,6 +22,7 @@ from jaxformer.checkpoints import exports
 from jaxformer.checkpoints import manager as checkpoint_lib
 from jaxformer.checkpoints import trained as trained_lib
 from jaxformer.config import resume
+from jaxformer.data import mixture
 from jaxformer.data import task_batches
 from jaxformer.data import token_cache as token_cache_lib
 from jaxformer.data import tokenizer as tokenizer_lib
@@ -60,6 +61,7 @@ class Loop:
   peak_flops: float  # FLOP/s of all devices.
   seconds_left: object  # For the progress line's ETA; None: no budget.
   over_budget: budget_lib.ScheduleOverBudget
+  drawn: mixture.Tally  # Examples per source of a mixture.
   final: dict = dataclasses.field(default_factory=dict)  # Last logged.
 
   def close(self) -> None:
@@ -141,6 +143,8 @@ class Trainer:
   def _check_splits(self) -> None:
     """Reads the splits evaluated during and after training now, so that a
     missing or bad file is reported before any training time is spent."""
+    task_batches.check_train_files(self.config, jax.process_index(),
+                                   self.token_cache)
     splits = {self.config.eval.split}
     if self.task.translates and self.config.eval.final_split:
       splits.add(self.config.eval.final_split)
@@ -238,7 +242,8 @@ class Trainer:
                         seconds_left=seconds_left)
     peak_flops = train.peak_flops or log_window.measure_peak_flops()
     return Loop(start_step, batches, writer, progress,
-                peak_flops * jax.device_count(), seconds_left, over_budget)
+                peak_flops * jax.device_count(), seconds_left, over_budget,
+                mixture.Tally(self.config.data))
 
   def _train(self, state: TrainState, loop: Loop, stop: StopRequested
              ) -> tuple[TrainState, int]:
@@ -274,6 +279,7 @@ class Trainer:
     (which fetches the metrics of the step before); returns the state,
     whether the budget is spent and whether to stop after it."""
     local = next(loop.batches)
+    loop.drawn.add(local)
     state, metrics = step_fn(state, mesh_lib.global_batch(local, self.mesh))
     out_of_time = self.budget.spent(step)
     window.add(step, metrics,
@@ -284,6 +290,7 @@ class Trainer:
   def _log(self, step: int, window: log_window.Window, loop: Loop) -> None:
     """Writes and shows the window's metrics as those of `step`."""
     loop.final = window.summary(loop.peak_flops)
+    loop.final.update(loop.drawn.take())
     loop.writer.write(step, loop.final)
     loop.progress.update(step, loop.final)
 
