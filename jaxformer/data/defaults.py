@@ -46,6 +46,10 @@ def default_data_config() -> ml_collections.ConfigDict:
       max_source_length=64,  # tokens incl. EOS; longer examples are dropped
       max_target_length=64,  # from training, truncated in evaluation
       batching='pack',  # 'pack' | 'bucket'
+      # language_model rows (data/lm_rows.py): 'packed' (documents, every
+      # token trained on) | 'prompt_response' ('prompt<TAB>response' lines,
+      # one pair per row, the loss on the response and its EOS only).
+      lm_rows='packed',
       batch_size=32,  # global rows per batch ('pack' and evaluation)
       tokens_per_batch=4096,  # global tokens per side and batch ('bucket')
       # 'bucket' batches hold a multiple of mesh.data x mesh.fsdp x

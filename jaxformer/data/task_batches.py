@@ -7,7 +7,9 @@ pairs that `sources.read_split` reads.
                   (the label column holds regression_dim numbers);
   language_model  'targets' (+ ...) [rows, max_target_length]: the documents,
                   each ending with EOS, concatenated and cut into rows
-                  (a document may continue on the next row).
+                  (a document may continue on the next row); or one
+                  prompt/response pair per row with 'targets_loss_mask'
+                  (`data.lm_rows`, lm_rows.py).
 
 Each split becomes fixed-size rows once (numpy, no tf.data), so batch k of
 training is a pure function of (data, config, k): epoch e = k // batches per
@@ -29,11 +31,13 @@ import ml_collections
 import numpy as np
 
 from jaxformer.data import batch_layout
+from jaxformer.data import lm_rows
 from jaxformer.data import mixture as mixture_lib
 from jaxformer.data import pipeline
 from jaxformer.data import sources
 from jaxformer.data import token_cache as token_cache_lib
 from jaxformer.data import tokenizer as tokenizer_lib
+from jaxformer.data.lm_rows import pack_documents  # noqa: F401 (API)
 from jaxformer.parallel.row_share import RowShare
 
 Batch = dict[str, np.ndarray]
@@ -106,35 +110,9 @@ def pad_token_rows(token_lists: Sequence[Sequence[int]], width: int
           'inputs_positions': positions}
 
 
-def pack_documents(token_lists: Sequence[Sequence[int]], width: int
-                   ) -> dict[str, np.ndarray]:
-  """'targets', 'targets_segment_ids', 'targets_positions' [rows, width] int32:
-  the documents concatenated and cut into rows; segment k + 1 of a row is its
-  k-th (piece of a) document, positions restart at each segment."""
-  lengths = np.array([len(ids) for ids in token_lists], np.int64)
-  flat = np.fromiter((t for ids in token_lists for t in ids), np.int32,
-                     int(lengths.sum()))
-  num_rows = -(-len(flat) // width)
-  document = np.repeat(np.arange(len(lengths)), lengths)
-  document_start = np.repeat(np.cumsum(lengths) - lengths, lengths)
-  index = np.arange(len(flat))
-  row_start = index // width * width
-  first_document_of_row = document[row_start]
-  segment = document - first_document_of_row + 1
-  position = index - np.maximum(document_start, row_start)
-
-  def lay_out(values):
-    out = np.zeros(num_rows * width, np.int32)
-    out[:len(flat)] = values
-    return out.reshape(num_rows, width)
-
-  return {'targets': lay_out(flat), 'targets_segment_ids': lay_out(segment),
-          'targets_positions': lay_out(position)}
-
-
 def _document_rows(config, texts, labels, split, tokenizer) -> Batch:
-  del labels, split
-  return pack_documents(tokenizer.encode(texts), config.data.max_target_length)
+  return lm_rows.language_model_rows(config.data, texts, labels, split,
+                                     tokenizer)
 
 
 def _class_rows(config, texts, labels, split, tokenizer) -> Batch:

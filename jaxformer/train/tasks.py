@@ -3,7 +3,8 @@ sums. The one train step, loop, sharding and checkpointing serve them all.
 
 Batches are dicts of arrays. Translation: 'inputs', 'targets' and their
 '*_segment_ids' / '*_positions'. Language model: 'targets' (+ segment ids,
-positions). Classification: 'inputs' (+ ...), 'labels' [batch] int.
+positions, and with `data.lm_rows='prompt_response'` 'targets_loss_mask':
+0 where no loss falls, e.g. on a prompt). Classification: 'inputs' (+ ...), 'labels' [batch] int.
 Regression: 'inputs' (+ ...), 'values' [batch, regression_dim] float.
 """
 import dataclasses
@@ -14,6 +15,7 @@ import jax.numpy as jnp
 import numpy as np
 from flax import linen as nn
 
+from jaxformer.data.lm_rows import LOSS_MASK
 from jaxformer.model import (DecoderLM, EncoderClassifier, EncoderDecoder,
                              EncoderRegressor, ModelConfig)
 from jaxformer.train import chunked_loss
@@ -21,10 +23,15 @@ from jaxformer.train import loss as losses
 
 
 def _token_weights(batch, prefix):
+  """[batch, length] float32: 1 at the tokens the loss falls on (real
+  tokens, and of those only where a '{prefix}_loss_mask' is 1)."""
   segment_ids = batch.get(f'{prefix}_segment_ids')
   if segment_ids is None:
-    return (batch[prefix] != 0).astype(jnp.float32)
-  return (segment_ids != 0).astype(jnp.float32)
+    weights = (batch[prefix] != 0).astype(jnp.float32)
+  else:
+    weights = (segment_ids != 0).astype(jnp.float32)
+  mask = batch.get(f'{prefix}_loss_mask')
+  return weights if mask is None else weights * mask.astype(jnp.float32)
 
 
 def _packing(batch, prefix):
@@ -138,6 +145,9 @@ class Task:
     shapes = {key + suffix: ((rows, width[key]), np.int32)
               for key in self.batch_keys
               for suffix in ('', '_segment_ids', '_positions')}
+    if 'targets' in self.batch_keys and (
+        config.data.get('lm_rows') == 'prompt_response'):
+      shapes[LOSS_MASK] = ((rows, target), np.int32)
     if self.label:
       key, dtype, dim_key = self.label
       shapes[key] = ((rows,) + ((config.model[dim_key],) if dim_key else ()),

@@ -1,0 +1,116 @@
+"""The rows of a language model (`data.lm_rows`), from any tokenizer:
+jaxformer's own (whose `encode` ends every text with EOS) or a Hugging Face
+one (`hf_tokenizer.HFTokenizer`: BOS where the model has one, no EOS).
+
+  'packed'           one document per line: each is BOS? + text + EOS, the
+                     documents concatenated and cut into rows; every token
+                     is trained on.
+  'prompt_response'  'prompt<TAB>response' lines: one pair per row, BOS? +
+                     prompt + response + EOS (as Hugging Face chat
+                     fine-tuning makes them; the response is encoded on
+                     its own), padded, cut at the row's width; the loss
+                     falls on the response and its EOS only: 'LOSS_MASK'
+                     [rows, width] int32 is 1 there, 0 elsewhere.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import numpy as np
+
+from jaxformer.data import sources
+
+LM_ROWS = ('packed', 'prompt_response')
+# The batch key of the per-token loss mask (1: trained on, 0: not).
+LOSS_MASK = 'targets_loss_mask'
+
+
+def _without_eos(tokenizer, ids: list[int]) -> list[int]:
+  return ids[:-1] if ids[-1:] == [tokenizer.eos_id] else ids
+
+
+def _without_bos(tokenizer, ids: list[int]) -> list[int]:
+  bos = getattr(tokenizer, 'bos_id', None)
+  return ids[1:] if bos is not None and ids[:1] == [bos] else ids
+
+
+def document_ids(tokenizer, texts: Sequence[str]) -> list[list[int]]:
+  """Token ids of each text as `tokenizer.encode` makes them (with the
+  BOS a Hugging Face tokenizer adds), each ending with one EOS."""
+  return [_without_eos(tokenizer, ids) + [tokenizer.eos_id]
+          for ids in tokenizer.encode(texts)]
+
+
+def pair_ids(tokenizer, prompts: Sequence[str], responses: Sequence[str]
+             ) -> list[tuple[list[int], int]]:
+  """(BOS? + prompt + response + EOS, where the response starts) of each
+  pair: the prompt encoded as a text (without its EOS), the response
+  without the BOS the tokenizer puts first."""
+  return [(prompt + response, len(prompt)) for prompt, response in zip(
+      [_without_eos(tokenizer, ids) for ids in tokenizer.encode(prompts)],
+      [_without_bos(tokenizer, ids)
+       for ids in document_ids(tokenizer, responses)])]
+
+
+def pack_documents(token_lists: Sequence[Sequence[int]], width: int
+                   ) -> dict[str, np.ndarray]:
+  """'targets', 'targets_segment_ids', 'targets_positions' [rows, width] int32:
+  the documents concatenated and cut into rows; segment k + 1 of a row is its
+  k-th (piece of a) document, positions restart at each segment."""
+  lengths = np.array([len(ids) for ids in token_lists], np.int64)
+  flat = np.fromiter((t for ids in token_lists for t in ids), np.int32,
+                     int(lengths.sum()))
+  num_rows = -(-len(flat) // width)
+  document = np.repeat(np.arange(len(lengths)), lengths)
+  document_start = np.repeat(np.cumsum(lengths) - lengths, lengths)
+  index = np.arange(len(flat))
+  row_start = index // width * width
+  first_document_of_row = document[row_start]
+  segment = document - first_document_of_row + 1
+  position = index - np.maximum(document_start, row_start)
+
+  def lay_out(values):
+    out = np.zeros(num_rows * width, np.int32)
+    out[:len(flat)] = values
+    return out.reshape(num_rows, width)
+
+  return {'targets': lay_out(flat), 'targets_segment_ids': lay_out(segment),
+          'targets_positions': lay_out(position)}
+
+
+def pair_rows(pairs: Sequence[tuple[list[int], int]], width: int
+              ) -> dict[str, np.ndarray]:
+  """'targets', its segment ids and positions, and LOSS_MASK [pairs,
+  width] int32: one (ids, response start) pair per row, cut at `width`,
+  segment id 1 on its tokens (0: padding), the mask 1 from the response
+  on."""
+  rows = {key: np.zeros((len(pairs), width), np.int32) for key in (
+      'targets', 'targets_segment_ids', 'targets_positions', LOSS_MASK)}
+  for row, (ids, start) in enumerate(pairs):
+    ids = ids[:width]
+    rows['targets'][row, :len(ids)] = ids
+    rows['targets_segment_ids'][row, :len(ids)] = 1
+    rows['targets_positions'][row, :len(ids)] = np.arange(len(ids))
+    rows[LOSS_MASK][row, start:len(ids)] = 1
+  return rows
+
+
+def language_model_rows(data_config, texts: Sequence[str],
+                        labels: Sequence[str], split: str, tokenizer
+                        ) -> dict[str, np.ndarray]:
+  """The rows of a split of (text, label) pairs as `data.lm_rows` says."""
+  width = data_config.max_target_length
+  layout = data_config.get('lm_rows', 'packed')
+  if layout == 'packed':
+    return pack_documents(document_ids(tokenizer, texts), width)
+  if layout != 'prompt_response':
+    raise sources.DataError(f'data.lm_rows={layout!r} is not one of '
+                            f'{list(LM_ROWS)}')
+  empty = [number for number, label in enumerate(labels, 1) if not label]
+  if empty:
+    raise sources.DataError(
+        f'{split} example {empty[0]}: no response; data.lm_rows='
+        "'prompt_response' reads 'prompt<TAB>response' lines "
+        '(data.source=tsv)')
+  return pair_rows(pair_ids(tokenizer, texts, labels), width)
