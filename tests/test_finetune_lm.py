@@ -1,0 +1,133 @@
+"""configs/finetune_lm.py: a language_model export (with jaxformer's
+tokenizer or a Hugging Face one) fine-tuned on plain text (:text) and on
+prompt<TAB>response lines (:tsv) with its own tokenizer, on an FSDP mesh;
+killed with SIGKILL and resumed, it repeats the uninterrupted run bitwise."""
+import pathlib
+import signal
+import subprocess
+import sys
+import time
+
+import jax
+import numpy as np
+import pytest
+
+from jaxformer.checkpoints import trained
+from jaxformer.config.settings import load_config
+from jaxformer.run.metrics import read_metrics
+from jaxformer.run.trainer import Trainer
+from jaxformer.storage import paths
+
+from test_fault_tolerance import checkpoint_steps, logged_steps, numbers
+from test_lm_rows import WORDS, hf_tokenizer
+
+ROOT = pathlib.Path(__file__).resolve().parents[1]
+CONFIG = str(ROOT / 'configs' / 'finetune_lm.py')
+PAIRS = [('what is two plus four ?', 'it is six'),
+         ('one plus one ?', 'it is two'), ('what is six ?', 'six is six')]
+
+
+def _export(root: pathlib.Path, name: str, *overrides) -> str:
+  """A tiny language model trained for 2 steps, exported."""
+  config = load_config(str(ROOT / 'configs' / 'lm_quick.py') + ':runlocal', [
+      'train.num_steps=2', 'train.peak_flops=1e9', 'checkpoint.every=0',
+      'eval.num_batches=1', *overrides])
+  workdir = str(root / f'{name}_run')
+  Trainer(config, workdir).run()
+  trained.export(workdir, str(root / name))
+  return str(root / name)
+
+
+@pytest.fixture(scope='module')
+def setup(tmp_path_factory):
+  """Exports (jaxformer's tokenizer, a Hugging Face one) and data files."""
+  root = tmp_path_factory.mktemp('finetune_lm')
+  hf_file = root / 'hf_tokenizer.json'
+  hf_file.write_bytes(hf_tokenizer(True).serialized_model_proto())
+  exports = {'own': _export(root, 'own'),
+             'hf': _export(root, 'hf', f'data.tokenizer.model_path={hf_file}',
+                           f'data.tokenizer.vocab_size={len(WORDS)}')}
+  for split in ('train', 'dev'):
+    (root / f'{split}.tsv').write_text(''.join(
+        f'{p}\t{r}\n' for p, r in PAIRS * 4))
+    (root / f'{split}.text').write_text(''.join(
+        f'{p} {r}\n' for p, r in PAIRS * 4))
+  return root, exports
+
+
+def _overrides(root, export, kind, steps):
+  return [f'init.pretrained={export}', f'data.{kind}.train={root}/train.{kind}',
+          f'data.{kind}.dev={root}/dev.{kind}', f'train.num_steps={steps}',
+          'train.warmup_steps=1', 'train.learning_rate=1e-2',
+          'train.log_every=1', 'train.peak_flops=1e9', 'eval.every=0',
+          'eval.num_batches=1', 'data.max_target_length=16',
+          'data.batch_size=8', 'checkpoint.every=4', 'checkpoint.keep=10',
+          'checkpoint.async_save=False']
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize('kind,tokenizer', [('text', 'own'), ('tsv', 'own'),
+                                            ('tsv', 'hf')])
+def test_a_finetune_lowers_the_loss_with_the_exports_tokenizer(
+    setup, tmp_path, kind, tokenizer):
+  root, exports = setup
+  config = load_config(f'{CONFIG}:{kind}',
+                       _overrides(root, exports[tokenizer], kind, 8))
+  trainer = Trainer(config, str(tmp_path))
+  trainer.run()
+  losses = [r['loss'] for r in read_metrics(str(tmp_path)) if 'loss' in r]
+  assert losses[-1] < losses[0], losses
+  start, tuned = trained.load(exports[tokenizer]), trained.load(str(tmp_path))
+  assert tuned.model_config == start.model_config
+  assert (tuned.target_tok.serialized_model_proto()
+          == start.target_tok.serialized_model_proto())
+  assert not paths.exists(str(tmp_path / 'tokenizer' / 'joint.vocab'))
+  assert int(trainer.state.step) == 8
+
+
+def _train(workdir: pathlib.Path, overrides, kind) -> subprocess.Popen:
+  workdir.mkdir(exist_ok=True)
+  log = open(workdir / f'log_{time.time_ns()}.txt', 'w')
+  environment = dict(__import__('os').environ,
+                     XLA_FLAGS='--xla_force_host_platform_device_count=2',
+                     TF_CPP_MIN_LOG_LEVEL='2')
+  return subprocess.Popen(
+      [sys.executable, '-m', 'jaxformer', 'train', '--config',
+       f'{CONFIG}:{kind}', '--workdir', str(workdir),
+       *[f'--config.{o}' for o in overrides]],
+      stdout=log, stderr=subprocess.STDOUT, env=environment)
+
+
+def _output(workdir: pathlib.Path) -> str:
+  return '\n'.join(p.read_text() for p in sorted(workdir.glob('log_*.txt')))
+
+
+@pytest.mark.slow
+def test_a_killed_prompt_response_finetune_resumes_bitwise(setup, tmp_path):
+  root, exports = setup
+  steps = 12
+  overrides = _overrides(root, exports['hf'], 'tsv', steps)
+  reference = tmp_path / 'reference'
+  assert _train(reference, overrides, 'tsv').wait(600) == 0, _output(reference)
+  workdir = tmp_path / 'killed'
+  killed = _train(workdir, overrides, 'tsv')
+  deadline = time.monotonic() + 600
+  while not (checkpoint_steps(workdir) and max(logged_steps(workdir),
+                                               default=0) >= 5):
+    assert killed.poll() is None, _output(workdir)
+    assert time.monotonic() < deadline, _output(workdir)
+    time.sleep(0.01)
+  killed.send_signal(signal.SIGKILL)
+  killed.wait()
+  restored = checkpoint_steps(workdir)[-1]
+  assert restored < steps
+  assert _train(workdir, overrides, 'tsv').wait(600) == 0, _output(workdir)
+  assert f'Resuming from the checkpoint of step {restored}' in _output(workdir)
+  expected = numbers(read_metrics(str(reference)))
+  got = numbers(read_metrics(str(workdir)))
+  assert all(record in expected for record in got)
+  assert all(record in got for record in expected)
+  ours, theirs = trained.load(str(workdir)), trained.load(str(reference))
+  assert ours.step == theirs.step == steps
+  for a, b in zip(jax.tree.leaves(ours.params), jax.tree.leaves(theirs.params)):
+    np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
