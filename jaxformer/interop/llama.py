@@ -71,9 +71,10 @@ def _window_layers(hf: dict, model_type: str) -> bool:
     return False
   types = hf.get('layer_types')
   if types is None and model_type == 'qwen2':
-    first = hf.get('max_window_layers', 0)
+    first, layers = (hf.get('max_window_layers', 0),
+                     hf.get('num_hidden_layers', 0))
     types = ['sliding_attention' if hf.get('use_sliding_window') and i >= first
-             else 'full_attention' for i in range(hf['num_hidden_layers'])]
+             else 'full_attention' for i in range(layers)]
   return types is None or 'sliding_attention' in types
 
 
@@ -107,22 +108,26 @@ def refusals(hf: dict, model_type: str) -> list[str]:
     reasons.append(f'attention_bias={hf.get("attention_bias")} with mlp_bias'
                    f'={hf.get("mlp_bias")} (supported: both false, or both '
                    'true: a bias on every projection)')
-  if hf.get('quantization_config'):
-    method = hf['quantization_config'].get('quant_method', '?')
+  if quantization := hf.get('quantization_config'):
+    method = (quantization.get('quant_method', '?')
+              if isinstance(quantization, dict) else quantization)
     reasons.append(f'quantization_config ({method}; import the unquantized '
                    'checkpoint)')
   return reasons
 
 
 def special_ids(hf: dict, tokenizer, folder: str) -> dict:
-  """pad_id, eos_id and decoder_start_id (the BOS, else config.json's
-  bos_token_id, else the EOS) of the tokenizer, checked against
-  config.json's BOS and EOS ids."""
+  """pad_id, eos_id and decoder_start_id of the tokenizer, checked
+  against config.json's BOS and EOS ids. The start (what `DecoderLM`
+  puts before its targets) is the BOS, else config.json's bos_token_id
+  (Qwen2's <|endoftext|>), else the EOS: Hugging Face's model has no start
+  of its own, so it sees a prompt exactly where the prompt's first token
+  is the first input (for Llama, the BOS its tokenizer adds)."""
   bos, eos = hf.get('bos_token_id'), hf.get('eos_token_id')
   eos = eos if isinstance(eos, list) else [] if eos is None else [eos]
   for key, theirs, ours, differ in (
-      ('bos_token_id', bos, tokenizer.bos_id, None not in (bos, tokenizer.bos_id)
-       and bos != tokenizer.bos_id),
+      ('bos_token_id', bos, tokenizer.bos_id,
+       None not in (bos, tokenizer.bos_id) and bos != tokenizer.bos_id),
       ('eos_token_id', eos, list(tokenizer.eos_ids),
        bool(set(eos) - {tokenizer.eos_id, *tokenizer.eos_ids}))):
     if differ:
@@ -261,7 +266,8 @@ def check_weights(weights, config: ModelConfig) -> list[Tensor]:
       raise LlamaImportError(f'{row.name} has shape {shape}, config.json says '
                              f'{row.shape}')
   used = {row.name for row in table} | {'lm_head.weight'}
-  left = sorted(n for n in weights if n not in used and not COMPUTED.fullmatch(n))
+  left = sorted(n for n in weights
+                if n not in used and not COMPUTED.fullmatch(n))
   if left:
     raise LlamaImportError(
         f'unexpected tensors {left[:3]}{"..." if len(left) > 3 else ""}: not '
@@ -336,7 +342,8 @@ def import_folder(folder: str, out: str, base_config, dtype: str = 'float32',
   `out` (which must not exist; it records `folder` if keep_provenance),
   parameters in `dtype`; returns its ModelConfig and model_type."""
   if dtype not in DTYPES:
-    raise LlamaImportError(f'--dtype {dtype}: choose one of {", ".join(DTYPES)}')
+    raise LlamaImportError(
+        f'--dtype {dtype}: choose one of {", ".join(DTYPES)}')
   folder = os.path.abspath(folder)
   try:
     out = folders.check_new(out)

@@ -74,8 +74,13 @@ SHARD = 'model-00003-of-00012.safetensors'
 DAMAGES = {
     'unsupported-model-type': (config(model_type='gpt2'),
                                ("'gpt2'", 'marian, llama, qwen2, mistral')),
-    'mistral-sliding-window': (config(model_type='mistral', sliding_window=64),
-                               ('sliding_window=64', 'max_position_embeddings')),
+    'mistral-sliding-window': (
+        config(model_type='mistral', sliding_window=64),
+        ('sliding_window=64', 'max_position_embeddings')),
+    'qwen2-sliding-window': (
+        config(model_type='qwen2', use_sliding_window=True, sliding_window=64,
+               max_window_layers=1),
+        ('sliding_window=64',)),
     'moe': (config(num_local_experts=8, num_experts_per_tok=2),
             ('num_local_experts=8', 'num_experts_per_tok=2', 'experts')),
     'yarn': (lambda f: edit_json(f / 'config.json', lambda c: c[
