@@ -17,7 +17,7 @@ EXPORT_FORMATS = ('jaxformer', 'ct2', 'hf')
 
 def cmd_export(args, overrides) -> int:
   """A jaxformer export (parameters only), or the model in CTranslate2's
-  or Hugging Face Marian's format (jaxformer/interop/)."""
+  or Hugging Face's format (jaxformer/interop/)."""
   if args.format not in EXPORT_FORMATS:
     raise ValueError(f'--format {args.format}: choose one of '
                      f'{", ".join(EXPORT_FORMATS)}.')
@@ -36,29 +36,69 @@ def cmd_export(args, overrides) -> int:
           f'workdir: jaxformer translate --workdir {args.out}')
     return 0
   model = trained.load(args.workdir, args.checkpoint)
-  if args.format == 'ct2':
-    out = ct2.export(model, args.out, args.quantization)
-    print(f'Wrote the CTranslate2 model ({args.quantization or "float32"}) '
-          f'to {out}; translate with ctranslate2.Translator({out!r}) and the '
-          f'SentencePiece model {out}/source.spm (README: "Start from a '
-          'pretrained OPUS-MT model").')
-    return 0
-  from jaxformer.interop import hf_marian
-  out = hf_marian.export(model, args.out)
-  print(f'Wrote the Hugging Face Marian model to {out}; load it with '
-        f'MarianMTModel.from_pretrained({out!r}) and '
-        f'MarianTokenizer.from_pretrained({out!r}).')
+  print(_export_other_format(model, args))
   return 0
 
 
+def _export_other_format(model, args) -> str:
+  """Writes `model` (a `Trained`) in args.format: a translation model as
+  CTranslate2's Translator or Hugging Face's Marian, a language model as
+  CTranslate2's Generator or a Hugging Face Llama/Qwen2. Returns the line
+  that says how to use it."""
+  from jaxformer.interop import ct2, ct2_lm, hf_llama, hf_marian
+  generates = model.task.generates
+  if args.format == 'ct2':
+    out = (ct2_lm if generates else ct2).export(model, args.out,
+                                                args.quantization)
+    use = (f'generate with ctranslate2.Generator({out!r}) and the tokenizer '
+           f'{out}/tokenizer.json (docs/interop.md: "Start from a Llama or '
+           'Qwen2 checkpoint")' if generates else
+           f'translate with ctranslate2.Translator({out!r}) and the '
+           f'SentencePiece model {out}/source.spm (README: "Start from a '
+           'pretrained OPUS-MT model")')
+    return (f'Wrote the CTranslate2 model ({args.quantization or "float32"}) '
+            f'to {out}; {use}.')
+  if generates:
+    out = hf_llama.export(model, args.out)
+    return (f'Wrote the Hugging Face {hf_llama.model_type(model.model_config)}'
+            f' model to {out}; load it with AutoModelForCausalLM.'
+            f'from_pretrained({out!r}) and AutoTokenizer.from_pretrained'
+            f'({out!r}).')
+  out = hf_marian.export(model, args.out)
+  return (f'Wrote the Hugging Face Marian model to {out}; load it with '
+          f'MarianMTModel.from_pretrained({out!r}) and '
+          f'MarianTokenizer.from_pretrained({out!r}).')
+
+
+# config.json model_type values `jaxformer import` takes.
+IMPORTED_TYPES = ('marian', 'llama', 'qwen2', 'mistral')
+
+
 def cmd_import(args, overrides) -> int:
+  """A Hugging Face folder, by its config.json model_type: Marian
+  (OPUS-MT) or the Llama family."""
   from jaxformer.config.settings import default_config
-  from jaxformer.interop import marian
+  from jaxformer.interop import hf_folders, llama, marian
+  model_type = hf_folders.model_type(args.from_)
+  if model_type in llama.MODEL_TYPES:
+    config, model_type = llama.import_folder(
+        args.from_, args.out, default_config(), args.dtype,
+        args.keep_provenance)
+    print(llama.report(config, model_type, args.out))
+    return 0
+  if model_type != 'marian':
+    raise ValueError(f'{args.from_}/config.json: model_type {model_type!r} '
+                     'cannot be imported; supported: '
+                     f'{", ".join(IMPORTED_TYPES)}.')
+  if args.dtype != 'float32':
+    raise ValueError(f'--dtype {args.dtype} applies to Llama-family imports; '
+                     'Marian models import in float32.')
   config = marian.import_folder(args.from_, args.out, default_config(),
                                 warn=marian.main_warn,
                                 keep_provenance=args.keep_provenance)
   print(marian.report(config, args.out))
   return 0
+
 
 
 def add_provenance_arg(p) -> None:
@@ -83,7 +123,8 @@ def add_parsers(commands) -> None:
 
   export = commands.add_parser(
       'export', help='write one checkpoint as a parameters-only jaxformer '
-      'export (default), a CTranslate2 model or a Hugging Face Marian folder')
+      'export (default), a CTranslate2 model or a Hugging Face folder '
+      '(Marian for translation models, Llama/Qwen2 for language models)')
   export.add_argument('--workdir', '--from', dest='workdir', required=True,
                       type=path,
                       help='a training workdir or a jaxformer export')
@@ -92,8 +133,9 @@ def add_parsers(commands) -> None:
   export.add_argument('--out', required=True, type=path,
                       help='directory to create for the export')
   export.add_argument('--format', default='jaxformer',
-                      help='jaxformer (default), ct2 (CTranslate2) or hf '
-                      '(Hugging Face MarianMTModel)')
+                      help='jaxformer (default), ct2 (CTranslate2 Translator '
+                      'or Generator) or hf (Hugging Face MarianMTModel, or '
+                      'LlamaForCausalLM / Qwen2ForCausalLM)')
   export.add_argument('--quantization', default=None,
                       help='ct2 weights: int8, int8_float32, bfloat16 or '
                       'float16 (default: float32)')
@@ -101,13 +143,20 @@ def add_parsers(commands) -> None:
   export.set_defaults(run=cmd_export)
 
   import_ = commands.add_parser(
-      'import', help='convert a Hugging Face Marian (OPUS-MT) folder into a '
-      'jaxformer export (translate, evaluate, fine-tune it)')
+      'import', help='convert a Hugging Face folder (by its config.json '
+      'model_type: marian, llama, qwen2, mistral) into a jaxformer export '
+      '(translate or generate, evaluate, fine-tune it)')
   import_.add_argument('--from', dest='from_', required=True, type=path,
                        help='a local folder: config.json, model.safetensors '
-                       '(or pytorch_model.bin), source.spm, target.spm, '
-                       'vocab.json')
+                       '(or its shards; Marian: or pytorch_model.bin) and '
+                       'the tokenizer (Marian: source.spm, target.spm, '
+                       'vocab.json; Llama family: tokenizer.json or '
+                       'tokenizer.model with tokenizer_config.json)')
   import_.add_argument('--out', required=True, type=path,
                        help='directory to create for the export')
+  import_.add_argument('--dtype', default='float32',
+                       help='Llama family: the parameters\' dtype, float32 '
+                       '(default; bfloat16 checkpoints are widened exactly) '
+                       'or bfloat16 (also the dtype it computes in)')
   add_provenance_arg(import_)
   import_.set_defaults(run=cmd_import)

@@ -141,9 +141,19 @@ class HFTokenizer:
 
   def hf_files(self) -> dict[str, bytes]:
     """The files of a Hugging Face folder that AutoTokenizer reads back as
-    this tokenizer: tokenizer.json and the folder's other tokenizer files."""
+    this tokenizer: tokenizer.json and the folder's other tokenizer files,
+    tokenizer_config.json naming the class that takes tokenizer.json as it
+    is (a model's own class, LlamaTokenizer, may rebuild its normalizer)."""
     files = {name: text.encode() for name, text in self.files.items()}
     files['tokenizer.json'] = self._backend.to_str(pretty=True).encode()
+    settings = json.loads(self.files.get('tokenizer_config.json', '{}'))
+    if 'tokenizer_config.json' not in self.files:
+      settings.update({f'{name}_token': self.id_to_piece(i) for name, i in (
+          ('bos', self.bos_id), ('eos', self.eos_id), ('unk', self.unk_id),
+          ('pad', self.pad_id)) if i is not None})
+    settings['tokenizer_class'] = 'PreTrainedTokenizerFast'
+    files['tokenizer_config.json'] = json.dumps(
+        settings, indent=2, ensure_ascii=False).encode()
     return files
 
   # -------------------------------------------------------------- the ids ---

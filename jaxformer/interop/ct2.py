@@ -1,11 +1,14 @@
 """A jaxformer translation model as a CTranslate2 model, written with
 CTranslate2's own specification API (`ctranslate2.specs.TransformerSpec`).
 
-Every `EncoderDecoder` config maps onto that spec: post-LN or pre-LN (with
-the final LayerNorm), ReLU, GELU (tanh or exact) or swish, shared or separate
-embeddings, a tied or separate (biased) output layer, and positions
-written out as the table the model adds (sinusoidal or learned;
-CTranslate2's built-in sinusoid is another table). The folder also holds
+Every `EncoderDecoder` of the paper's blocks maps onto that spec: post-LN
+or pre-LN (with the final LayerNorm), ReLU, GELU (tanh or exact) or swish,
+shared or separate embeddings, a tied or separate (biased) output layer,
+and positions written out as the table the model adds (sinusoidal or
+learned; CTranslate2's built-in sinusoid is another table); RMSNorm,
+rotary positions, gated FFNs, fewer key/value heads or another head width
+are refused, naming the option (`blockers`; decoder-only language models
+of those blocks are written by ct2_lm.py). The folder also holds
 the vocabularies (one piece per id) and the SentencePiece models
 (`source.spm`, `target.spm`), so that
 
@@ -21,6 +24,7 @@ CTranslate2 (`add_source_eos`), the decoder starts from the model's
 and decoding stops at its `eos_id`.
 """
 import os
+from typing import Callable
 
 import numpy as np
 
@@ -43,6 +47,19 @@ def unknown_piece(tokenizer: Tokenizer) -> str:
   return tokenizer.id_to_piece(tokenizer.unk_id)
 
 
+def blockers(config: ModelConfig) -> list[str]:
+  """Why `config` cannot be written as a CTranslate2 encoder-decoder
+  (`transformer_spec`): one reason per option (empty if it can)."""
+  reasons = layout.paper_attention_blockers(config)
+  if config.position_embedding == 'rope':
+    reasons.append("model.position_embedding='rope': the encoder-decoder "
+                   'export writes the table of positions the model adds')
+  if config.gated_ffn:
+    reasons.append(f'model.activation={config.activation!r}: the '
+                   'encoder-decoder export writes one FFN input projection')
+  return reasons
+
+
 def check_quantization(quantization: str | None) -> None:
   if quantization not in (None, *QUANTIZATIONS):
     raise ValueError(f'--quantization {quantization}: choose one of '
@@ -58,7 +75,7 @@ def _set_linear(spec, kernel: np.ndarray, bias: np.ndarray | None) -> None:
 
 def _set_norm(spec, tree: dict) -> None:
   spec.gamma = tree['scale']
-  spec.beta = tree['bias']
+  spec.beta = layout.norm_bias(tree)
 
 
 def _set_ffn(spec, tree: dict, norm: dict) -> None:
@@ -163,6 +180,10 @@ def export(trained, out: str, quantization: str | None = None) -> str:
                      f'trained for task={trained.task.name!r}.')
   check_quantization(quantization)
   config = trained.model_config
+  reasons = blockers(config)
+  if reasons:
+    raise ValueError('--format ct2: this model cannot be written as a '
+                     'CTranslate2 encoder-decoder: ' + '; '.join(reasons) + '.')
   source_vocab = vocabulary(trained.source_tok, config.vocab_size, 'source')
   target_vocab = vocabulary(trained.target_tok, config.output_vocab_size,
                             'target')
@@ -183,6 +204,16 @@ def write(params, config: ModelConfig, source_vocab: list[str],
           quantization: str | None = None) -> None:
   """Converts to CTranslate2 (`transformer_spec`) into `directory`
   (replaced if it exists), weights in `quantization` (None: float32)."""
+  convert(lambda: transformer_spec(params, config, source_vocab,
+                                   target_vocab, unk_token),
+          directory, quantization)
+
+
+def convert(build_spec: Callable, directory: str,
+            quantization: str | None = None) -> None:
+  """Writes the CTranslate2 model of the spec `build_spec()` returns into
+  `directory` (replaced if it exists), weights in `quantization` (None:
+  float32)."""
   try:
     from ctranslate2.converters.converter import Converter
   except ImportError:
@@ -191,7 +222,6 @@ def write(params, config: ModelConfig, source_vocab: list[str],
 
   class _Converter(Converter):
     def _load(self):
-      return transformer_spec(params, config, source_vocab, target_vocab,
-                              unk_token)
+      return build_spec()
 
   _Converter().convert(directory, quantization=quantization, force=True)

@@ -5,6 +5,7 @@ import shutil
 import tempfile
 from typing import Callable
 
+from jaxformer.checkpoints import exports
 from jaxformer.storage import paths
 
 
@@ -36,3 +37,16 @@ def write_folder(out: str, fill: Callable[[str], None]) -> str:
     shutil.rmtree(partial, ignore_errors=True)
     raise
   return out
+
+
+def write_export(out: str, params, extra: dict,
+                 keep_provenance: bool = False) -> None:
+  """A jaxformer export of `params` and `extra` (exports.export_params)
+  written to a sibling of `out` and renamed to `out` once complete; on
+  any error nothing is left at either."""
+  partial = f'{out}.partial-{os.getpid()}'
+  try:
+    exports.export_params(partial, params, extra, keep_provenance)
+    os.rename(partial, out)
+  finally:
+    shutil.rmtree(partial, ignore_errors=True)

@@ -46,6 +46,17 @@ def read_json(folder: str, name: str, required: bool = True) -> dict:
   return data
 
 
+def model_type(folder: str):
+  """The model_type of `folder`'s config.json (None if it has none)."""
+  if not os.path.isdir(folder):
+    raise FolderError(f'--from {folder} is not a folder')
+  if not os.path.isfile(os.path.join(folder, 'config.json')):
+    raise FolderError(f'{folder} has no config.json; is it a Hugging Face '
+                      'model folder? (download one with `huggingface-cli '
+                      'download REPO --local-dir DIR`)')
+  return read_json(folder, 'config.json').get('model_type')
+
+
 def _ids(value, what: str) -> list[int]:
   """An id or a list of ids (generation_config's eos_token_id) as a list."""
   ids = value if isinstance(value, list) else [value]

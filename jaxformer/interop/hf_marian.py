@@ -6,10 +6,12 @@ separate vocabularies) and `tokenizer_config.json`.
 
 Hugging Face's Marian is one architecture: post-LN, the fixed sinusoid in
 Marian's layout (sines then cosines; the table is computed, never saved),
-LayerNorm epsilon 1e-5, every projection biased. A jaxformer model that
-differs in one of these is refused, naming the option (`blockers`); its
-FFN activation, embedding scale, shared or separate vocabularies, tied or
-separate output layer, output bias and special ids all map.
+LayerNorm epsilon 1e-5, every projection biased, as many key/value heads
+as query heads, d_model / heads wide. A jaxformer model that differs in one
+of these (or uses RMSNorm, rotary positions or a gated FFN) is refused,
+naming the option (`blockers`); its FFN activation, embedding scale,
+shared or separate vocabularies, tied or separate output layer, output
+bias and special ids all map, and missing biases are written as zeros.
 """
 import json
 import os
@@ -46,7 +48,7 @@ def blockers(config: ModelConfig) -> list[str]:
   if config.activation not in ACTIVATIONS:
     reasons.append(f'model.activation={config.activation!r} has no Marian '
                    f'equivalent ({", ".join(ACTIVATIONS)} do)')
-  return reasons
+  return reasons + layout.paper_attention_blockers(config)
 
 
 def marian_config(config: ModelConfig) -> dict:
@@ -84,7 +86,7 @@ def _linear(state: dict, prefix: str, kernel: np.ndarray,
 
 def _norm(state: dict, prefix: str, tree: dict) -> None:
   state[f'{prefix}.weight'] = tree['scale']
-  state[f'{prefix}.bias'] = tree['bias']
+  state[f'{prefix}.bias'] = layout.norm_bias(tree)
 
 
 def _attention(state: dict, prefix: str, tree: dict, d: int) -> None:

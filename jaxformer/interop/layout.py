@@ -27,6 +27,38 @@ def stack_layers(stack: dict, count: int) -> list[dict]:
   return [stack[f'layer_{i}'] for i in range(count)]
 
 
+def looped(stack: dict, count: int) -> dict:
+  """An encoder or decoder tree with its layers as `layer_{i}`, whether
+  they were looped or scanned."""
+  tree = {k: v for k, v in stack.items() if k != 'layers'}
+  tree.update({f'layer_{i}': layer
+               for i, layer in enumerate(stack_layers(stack, count))})
+  return tree
+
+
+def paper_attention_blockers(config: ModelConfig) -> list[str]:
+  """What the encoder-decoder exporters (the paper's attention and
+  LayerNorms) cannot write: one reason per option."""
+  reasons = []
+  if config.norm_type != 'layer':
+    reasons.append(f'model.norm_type={config.norm_type!r}: the exported '
+                   "norms are LayerNorms ('layer')")
+  if config.kv_heads != config.num_heads:
+    reasons.append(f'model.num_kv_heads={config.num_kv_heads}: the exported '
+                   f'attention has as many key/value heads as query heads '
+                   f'({config.num_heads})')
+  if config.head_features * config.num_heads != config.d_model:
+    reasons.append(f'model.head_dim={config.head_dim}: the exported heads '
+                   f'are d_model / num_heads = '
+                   f'{config.d_model // config.num_heads} wide')
+  return reasons
+
+
+def norm_bias(tree: dict) -> np.ndarray:
+  """A LayerNorm's bias, zeros where it has none (model.norm_bias=False)."""
+  return tree.get('bias', np.zeros_like(tree['scale']))
+
+
 def linear(tree: dict) -> tuple[np.ndarray, np.ndarray | None]:
   """A `Linear` of one output axis: kernel [out, in], bias [out] or None."""
   return tree['kernel'], tree.get('bias')

@@ -20,16 +20,14 @@ import base64
 import json
 import os
 import re
-import shutil
 import sys
 from typing import Callable
 
 import numpy as np
 
-from jaxformer.checkpoints import exports
 from jaxformer.data import sources
 from jaxformer.data import vocab_tokenizer
-from jaxformer.interop import safetensor_files
+from jaxformer.interop import folders, safetensor_files
 from jaxformer.model.config import ModelConfig
 
 ACTIVATIONS = {'swish': 'swish', 'silu': 'swish', 'relu': 'relu',
@@ -365,12 +363,7 @@ def import_folder(folder: str, out: str, base_config,
            'tokenizers': [base64.b64encode(t.serialized_model_proto()).decode()
                           for t in (source, target)],
            'steps': [0], 'source': folder}
-  partial = f'{out}.partial-{os.getpid()}'
-  try:
-    exports.export_params(partial, params, extra, keep_provenance)
-    os.rename(partial, out)
-  finally:
-    shutil.rmtree(partial, ignore_errors=True)
+  folders.write_export(out, params, extra, keep_provenance)
   return config
 
 

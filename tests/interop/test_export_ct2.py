@@ -22,9 +22,10 @@ CONFIGS = {
     'pre_gelu_target_tied_learned_scanned': (dict(
         norm_position='pre', activation='gelu', share_embeddings='target',
         position_embedding='learned', scan_layers=True), 1),
+    # Biases on q/k/v only, LayerNorms without bias (written as zeros).
     'post_untied_learned_unbiased': (dict(
         share_embeddings='none', position_embedding='learned',
-        use_bias=False), 0),
+        use_bias=False, qkv_bias=True, norm_bias=False), 0),
 }
 MAX_DECODE = 24
 

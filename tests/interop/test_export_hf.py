@@ -54,12 +54,14 @@ def jaxformer_outputs(model, rows, beams: int) -> list[list]:
 
 
 # The second: untied vocabularies and output layer, exact GELU, unscaled
-# embeddings, projections without bias (written as zero biases).
+# embeddings, biases on q/k/v only and LayerNorms without bias (the missing
+# ones written as zero biases).
 OPTIONS = {
     'tied_swish_output_bias': (MARIAN_SHAPED, 2),
     'untied_gelu_exact_unbiased': (dict(
         MARIAN_SHAPED, activation='gelu_exact', output_bias=False,
-        share_embeddings='none', scale_embedding=False, use_bias=False), 0),
+        share_embeddings='none', scale_embedding=False, use_bias=False,
+        qkv_bias=True, norm_bias=False), 0),
 }
 
 

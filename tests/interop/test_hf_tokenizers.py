@@ -125,14 +125,23 @@ def test_serialized_bytes_give_the_same_tokenizer(folder):
     assert getattr(again, name) == getattr(folder.ours, name), name
 
 
-def test_its_files_are_read_back_by_autotokenizer(folder, tmp_path):
-  """What an export writes (hf_files) loads in HF as the same tokenizer."""
+@pytest.mark.parametrize('model_type', ['folder', 'llama'])
+def test_its_files_are_read_back_by_autotokenizer(folder, tmp_path,
+                                                  model_type):
+  """What an export writes (hf_files) loads in HF as the same tokenizer,
+  beside the folder's config.json or an exported Llama's (whose
+  LlamaTokenizer would rebuild a Mistral-style tokenizer differently)."""
   from transformers import AutoTokenizer
   shutil.copy(os.path.join(folder.path, 'config.json'), tmp_path)
+  if model_type == 'llama':
+    (tmp_path / 'config.json').write_text('{"model_type": "llama"}')
   for name, data in folder.ours.hf_files().items():
     (tmp_path / name).write_bytes(data)
   again = AutoTokenizer.from_pretrained(str(tmp_path))
   assert again(SENTENCES)['input_ids'] == folder.ours.encode(SENTENCES)
+  rows = random_rows(folder)
+  assert [again.decode(r, skip_special_tokens=True) for r in rows] == [
+      folder.hf.decode(r, skip_special_tokens=True) for r in rows]
 
 
 def test_jaxformers_own_kinds_still_load():

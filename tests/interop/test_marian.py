@@ -179,9 +179,10 @@ def test_translate_and_evaluate_commands_give_what_generate_decodes(
   assert capsys.readouterr().out.splitlines() == expected
   # evaluate decodes the TSV through the data pipeline (padded with 0).
   (tmp_path / 'test.tsv').write_text(''.join(f'{t}\tx\n' for t in texts))
+  hypotheses = str(tmp_path / 'test_hypotheses.txt')
   assert cli.main(['evaluate', '--workdir', imported.out, '--beam', '1',
-                   f'--config.data.tsv.test={tmp_path}/test.tsv']) == 0
-  hypotheses = os.path.join(imported.out, 'test_hypotheses.txt')
+                   f'--config.data.tsv.test={tmp_path}/test.tsv',
+                   '--hypotheses', hypotheses]) == 0
   with open(hypotheses) as f:
     assert f.read().splitlines() == expected
 
