@@ -44,13 +44,13 @@ def _data(lm_rows_kind, width=12):
 
 
 @pytest.mark.parametrize('with_bos', [True, False])
-def test_a_pair_row_is_bos_prompt_response_eos_with_the_mask_on_the_response(
+def test_a_pair_row_is_prompt_response_eos_with_the_mask_on_the_response(
     with_bos):
   tok = hf_tokenizer(with_bos)
   rows = lm_rows.language_model_rows(
       _data('prompt_response'), ['what is two plus four ?', 'one plus one'],
       ['it is six', 'two'], 'train', tok)
-  bos = [1] if with_bos else []
+  bos = []  # The model's start token stands for the tokenizer's BOS.
   first = bos + [3, 4, 5, 6, 7, 8] + [9, 4, 10, 2]
   second = bos + [11, 6, 11] + [5, 2]
   for row, ids, prompt in ((0, first, len(bos) + 6),
@@ -93,7 +93,7 @@ def test_documents_end_with_one_eos_whatever_the_tokenizer(with_bos,
                                                            own_tokenizer):
   tok = hf_tokenizer(with_bos)
   assert lm_rows.document_ids(tok, ['it is six', 'one']) == [
-      [1] * with_bos + [9, 4, 10, 2], [1] * with_bos + [11, 2]]
+      [9, 4, 10, 2], [11, 2]]  # No BOS: the model's start stands for it.
   texts = ['what is two plus four ?', 'it is six']
   # jaxformer's own: the ids encode gives (each ends with EOS), as before.
   assert lm_rows.document_ids(own_tokenizer, texts) == own_tokenizer.encode(
@@ -101,8 +101,7 @@ def test_documents_end_with_one_eos_whatever_the_tokenizer(with_bos,
   rows = lm_rows.language_model_rows(_data('packed', 4), ['it is six'], [''],
                                      'train', tok)
   assert lm_rows.LOSS_MASK not in rows
-  assert rows['targets'].reshape(-1)[:4 + with_bos].tolist() == (
-      [1] * with_bos + [9, 4, 10, 2])
+  assert rows['targets'].reshape(-1)[:4].tolist() == [9, 4, 10, 2]
 
 
 def test_pairs_need_a_response_and_a_known_layout():

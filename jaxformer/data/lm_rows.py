@@ -2,10 +2,15 @@
 jaxformer's own (whose `encode` ends every text with EOS) or a Hugging Face
 one (`hf_tokenizer.HFTokenizer`: BOS where the model has one, no EOS).
 
-  'packed'           one document per line: each is BOS? + text + EOS, the
+The model puts its start token (`decoder_start_id`: an imported model's
+BOS) before each row's first target, so a row holds no BOS of its own:
+a Llama model then trains on [BOS, text] -> [text, EOS], as Hugging Face's
+does, and `generate` feeds the prompt with its BOS at position 0.
+
+  'packed'           one document per line: each is text + EOS, the
                      documents concatenated and cut into rows; every token
                      is trained on.
-  'prompt_response'  'prompt<TAB>response' lines: one pair per row, BOS? +
+  'prompt_response'  'prompt<TAB>response' lines: one pair per row,
                      prompt + response + EOS (as Hugging Face chat
                      fine-tuning makes them; the response is encoded on
                      its own), padded, cut at the row's width; the loss
@@ -36,21 +41,20 @@ def _without_bos(tokenizer, ids: list[int]) -> list[int]:
 
 
 def document_ids(tokenizer, texts: Sequence[str]) -> list[list[int]]:
-  """Token ids of each text as `tokenizer.encode` makes them (with the
-  BOS a Hugging Face tokenizer adds), each ending with one EOS."""
-  return [_without_eos(tokenizer, ids) + [tokenizer.eos_id]
-          for ids in tokenizer.encode(texts)]
+  """Token ids of each text as `tokenizer.encode` makes them, without the
+  BOS a Hugging Face tokenizer adds (the model's start token stands for
+  it), each ending with one EOS."""
+  return [_without_eos(tokenizer, _without_bos(tokenizer, ids))
+          + [tokenizer.eos_id] for ids in tokenizer.encode(texts)]
 
 
 def pair_ids(tokenizer, prompts: Sequence[str], responses: Sequence[str]
              ) -> list[tuple[list[int], int]]:
-  """(BOS? + prompt + response + EOS, where the response starts) of each
-  pair: the prompt encoded as a text (without its EOS), the response
-  without the BOS the tokenizer puts first."""
-  return [(prompt + response, len(prompt)) for prompt, response in zip(
-      [_without_eos(tokenizer, ids) for ids in tokenizer.encode(prompts)],
-      [_without_bos(tokenizer, ids)
-       for ids in document_ids(tokenizer, responses)])]
+  """(prompt + response + EOS, where the response starts) of each pair:
+  each encoded as a text without BOS, the prompt without its EOS."""
+  return [(prompt[:-1] + response, len(prompt) - 1)
+          for prompt, response in zip(document_ids(tokenizer, prompts),
+                                      document_ids(tokenizer, responses))]
 
 
 def pack_documents(token_lists: Sequence[Sequence[int]], width: int
