@@ -101,6 +101,28 @@ def test_greedy_ids_equal_generate(imported):
   assert len(set(map(tuple, ours))) > 3  # Not one token over and over.
 
 
+def test_the_generate_command_gives_hugging_faces_greedy_ids(
+    imported, tmp_path, capsys):
+  """`jaxformer generate --jsonl --temperature 0` on the import: one batch of
+  prompts of different lengths, each continued as `generate(do_sample=
+  False)` continues the ids Hugging Face's tokenizer makes of it."""
+  texts = [t[:12 + 9 * i] for i, t in enumerate(
+      hf_tokenizer_folders.training_texts(6, 3))]
+  (tmp_path / 'prompts.txt').write_text('\n'.join(texts) + '\n')
+  assert cli.main(['generate', '--workdir', imported.out, '--input',
+                   str(tmp_path / 'prompts.txt'), '--temperature', '0',
+                   '--max-new-tokens', str(NEW_TOKENS), '--jsonl']) == 0
+  lines = [json.loads(line) for line in capsys.readouterr().out.splitlines()]
+  hf_tok = transformers.AutoTokenizer.from_pretrained(imported.folder)
+  assert [line['prompt'] for line in lines] == texts
+  for line, text in zip(lines, texts):
+    prompt = hf_tok(text)['input_ids']
+    want = llama_folders.up_to_eos(
+        llama_folders.hf_greedy(imported.hf, prompt, NEW_TOKENS),
+        imported.eos_ids)
+    assert line['ids'] == want, text
+
+
 def test_the_tokenizer_travels_in_the_export(imported):
   hf_tok = transformers.AutoTokenizer.from_pretrained(imported.folder)
   texts = hf_tokenizer_folders.sentences(40)
