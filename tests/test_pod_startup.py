@@ -47,6 +47,22 @@ def rehearse(topology: str, config):
   return run.mesh, programs.rehearse_hosts(run)
 
 
+def assert_each_host_feeds_its_rows(mesh, plans, per_process):
+  """Each host reads the rows its devices hold, per_process of them, and
+  every row of the global batch is fed by exactly one host. Returns the
+  rows of each device."""
+  placed = mesh_lib.batch_sharding(mesh).devices_indices_map((512,))
+  for plan in plans:
+    assert plan.local_train_shapes == ((per_process, 40, 40),)
+    held = {row for device, (rows,) in placed.items()
+            if device.process_index == plan.process_index
+            for row in range(rows.start, rows.stop)}
+    assert sorted(held) == plan.share.rows(512).tolist()
+  fed = sorted(row for plan in plans for row in plan.share.rows(512))
+  assert fed == list(range(512))
+  return placed
+
+
 @pytest.mark.parametrize('topology, mesh_sizes, per_process, per_device',
                          LAYOUTS, ids=[f'{t}-{"x".join(map(str, m.values()))}'
                                        for t, m, _, _ in LAYOUTS])
@@ -57,19 +73,9 @@ def test_every_host_of_the_pod_layouts_starts(topology, mesh_sizes,
   assert [plan.process_index for plan in plans] == sorted(
       {d.process_index for d in mesh.devices.flat})
   assert len(plans) > 1
-  placed = mesh_lib.batch_sharding(mesh).devices_indices_map((512,))
-  for plan in plans:
-    assert plan.local_train_shapes == ((per_process, 40, 40),)
-    # The rows a host reads are exactly those its devices hold.
-    held = {row for device, (rows,) in placed.items()
-            if device.process_index == plan.process_index
-            for row in range(rows.start, rows.stop)}
-    assert sorted(held) == plan.share.rows(512).tolist()
-    assert all(rows.stop - rows.start == per_device
-               for rows, in placed.values())
-  # Every row of the global batch is fed by exactly one host.
-  fed = sorted(row for plan in plans for row in plan.share.rows(512))
-  assert fed == list(range(512))
+  placed = assert_each_host_feeds_its_rows(mesh, plans, per_process)
+  assert all(rows.stop - rows.start == per_device
+             for rows, in placed.values())
   # Each host holds its part of the train state; together, all of it.
   abstract, _ = run_spec.RunSpec.build(config, mesh).state_layout
   total = sum(x.size * x.dtype.itemsize for x in jax.tree.leaves(abstract))
@@ -154,16 +160,7 @@ def test_every_host_of_every_slice_starts(topology, slices, mesh_sizes,
   slice_of = {d.process_index: d.slice_index for d in mesh.devices.flat}
   assert len(hosts) == len(slice_of) and all(
       d.slice_index == slice_of[d.process_index] for d in mesh.devices.flat)
-  placed = mesh_lib.batch_sharding(mesh).devices_indices_map((512,))
-  for plan in plans:
-    assert plan.local_train_shapes == ((per_process, 40, 40),)
-    held = {row for device, (rows,) in placed.items()
-            if device.process_index == plan.process_index
-            for row in range(rows.start, rows.stop)}
-    assert sorted(held) == plan.share.rows(512).tolist()
-  # Every row of the global batch is fed by exactly one host of one slice.
-  fed = sorted(row for plan in plans for row in plan.share.rows(512))
-  assert fed == list(range(512))
+  assert_each_host_feeds_its_rows(mesh, plans, per_process)
   # Each slice holds the whole train state (replicated across slices).
   abstract, _ = run.state_layout
   total = sum(x.size * x.dtype.itemsize for x in jax.tree.leaves(abstract))
