@@ -47,6 +47,22 @@ def rehearse(topology: str, config):
   return run.mesh, programs.rehearse_hosts(run)
 
 
+def assert_each_host_feeds_its_rows(mesh, plans, per_process):
+  """Each host reads the rows its devices hold, per_process of them, and
+  every row of the global batch is fed by exactly one host. Returns the
+  rows of each device."""
+  placed = mesh_lib.batch_sharding(mesh).devices_indices_map((512,))
+  for plan in plans:
+    assert plan.local_train_shapes == ((per_process, 40, 40),)
+    held = {row for device, (rows,) in placed.items()
+            if device.process_index == plan.process_index
+            for row in range(rows.start, rows.stop)}
+    assert sorted(held) == plan.share.rows(512).tolist()
+  fed = sorted(row for plan in plans for row in plan.share.rows(512))
+  assert fed == list(range(512))
+  return placed
+
+
 @pytest.mark.parametrize('topology, mesh_sizes, per_process, per_device',
                          LAYOUTS, ids=[f'{t}-{"x".join(map(str, m.values()))}'
                                        for t, m, _, _ in LAYOUTS])
@@ -57,19 +73,9 @@ def test_every_host_of_the_pod_layouts_starts(topology, mesh_sizes,
   assert [plan.process_index for plan in plans] == sorted(
       {d.process_index for d in mesh.devices.flat})
   assert len(plans) > 1
-  placed = mesh_lib.batch_sharding(mesh).devices_indices_map((512,))
-  for plan in plans:
-    assert plan.local_train_shapes == ((per_process, 40, 40),)
-    # The rows a host reads are exactly those its devices hold.
-    held = {row for device, (rows,) in placed.items()
-            if device.process_index == plan.process_index
-            for row in range(rows.start, rows.stop)}
-    assert sorted(held) == plan.share.rows(512).tolist()
-    assert all(rows.stop - rows.start == per_device
-               for rows, in placed.values())
-  # Every row of the global batch is fed by exactly one host.
-  fed = sorted(row for plan in plans for row in plan.share.rows(512))
-  assert fed == list(range(512))
+  placed = assert_each_host_feeds_its_rows(mesh, plans, per_process)
+  assert all(rows.stop - rows.start == per_device
+             for rows, in placed.values())
   # Each host holds its part of the train state; together, all of it.
   abstract, _ = run_spec.RunSpec.build(config, mesh).state_layout
   total = sum(x.size * x.dtype.itemsize for x in jax.tree.leaves(abstract))
@@ -116,3 +122,67 @@ def test_a_bucket_config_starts_on_every_host_of_a_v5p_64():
     for (rows, _, _), (local, _, _) in zip(plan.train_shapes,
                                            plan.local_train_shapes):
       assert local * len(plans) == rows
+
+
+# (topology, slices, mesh within a slice, rows per process) with
+# batch_size=512: the data axis spans the slices (mesh.dcn_data).
+MULTISLICE = [
+    ('v5e-16', 2, {'data': -1}, 64),
+    ('v5e-16', 2, {'data': 1, 'fsdp': -1}, 64),
+    ('v5p-64', 4, {'data': 1, 'fsdp': -1}, 16),
+    ('v5p-64', 4, {'data': 1, 'fsdp': 8, 'tensor': 4}, 16),
+]
+
+
+def rehearse_slices(topology: str, slices: int, config):
+  devices = topology_lib.topology_devices(
+      topology_lib.topology(topology, slices))
+  run = programs.compiled_run(config, devices)
+  return run, programs.rehearse_hosts(run)
+
+
+@pytest.mark.parametrize(
+    'topology, slices, mesh_sizes, per_process', MULTISLICE,
+    ids=[f'{s}x{t}-{"x".join(map(str, m.values()))}'
+         for t, s, m, _ in MULTISLICE])
+def test_every_host_of_every_slice_starts(topology, slices, mesh_sizes,
+                                          per_process):
+  config = pod_config(mesh_sizes)
+  config.mesh.dcn_data = slices
+  run, plans = rehearse_slices(topology, slices, config)
+  mesh = run.mesh
+  assert mesh.axis_names == ('dcn', 'data', 'fsdp', 'tensor')
+  # One slice per position along dcn, in slice order.
+  assert [{d.slice_index for d in part.flat} for part in mesh.devices] == [
+      {s} for s in range(slices)]
+  hosts = sorted({d.process_index for d in mesh.devices.flat})
+  assert [plan.process_index for plan in plans] == hosts
+  slice_of = {d.process_index: d.slice_index for d in mesh.devices.flat}
+  assert len(hosts) == len(slice_of) and all(
+      d.slice_index == slice_of[d.process_index] for d in mesh.devices.flat)
+  assert_each_host_feeds_its_rows(mesh, plans, per_process)
+  # Each slice holds the whole train state (replicated across slices).
+  abstract, _ = run.state_layout
+  total = sum(x.size * x.dtype.itemsize for x in jax.tree.leaves(abstract))
+  per_slice = len(plans) // slices
+  for s in range(slices):
+    in_slice = plans[s * per_slice:(s + 1) * per_slice]
+    assert sum(plan.state_bytes for plan in in_slice) >= total
+
+
+def test_a_two_slice_mesh_is_the_hybrid_mesh_of_mesh_utils():
+  from jax.experimental import mesh_utils
+  devices = topology_lib.topology_devices(topology_lib.topology('v5e-16', 2))
+  mesh = mesh_lib.make_mesh({'data': -1}, devices, dcn_data=2)
+  hybrid = mesh_utils.create_hybrid_device_mesh((1, 16, 1, 1), (2, 1, 1, 1),
+                                                devices)
+  assert mesh.devices.tolist() == hybrid.tolist()
+
+
+@pytest.mark.parametrize('slices, dcn_data', [(2, 1), (2, 3), (1, 2)])
+def test_a_dcn_data_that_is_not_the_slice_count_is_refused(slices, dcn_data):
+  config = pod_config({'data': -1})
+  config.mesh.dcn_data = dcn_data
+  message = (f'mesh.dcn_data={dcn_data} does not match the {slices} slices')
+  with pytest.raises(ValueError, match=message):
+    compile_run(config, 'v5e-16', kinds=(), num_slices=slices)

@@ -5,7 +5,9 @@ libtpu's compile-only client lays out every device of the named topology,
 all hosts included, on this machine (`jax.experimental.topologies`); the
 programs are lowered and compiled for them exactly as `jaxformer train`
 builds them (model, optimizer, mesh, axis rules, shardings), but nothing
-runs. Per program: per-device memory against the chip's HBM, the
+runs. Several slices (`--num-slices`, with `mesh.dcn_data`) are laid out as
+one topology, each device carrying its slice, and each program also reports
+what it sends across slices. Per program: per-device memory against the chip's HBM, the
 collectives and custom calls in the compiled HLO and XLA's cost model.
 Every choice of a code path by platform (`model/backend.py`: attention
 kernels, the CPU-only decoding kernels) sees the TPU devices the program is
@@ -41,10 +43,12 @@ from jaxformer.aot import topology as topology_lib
 
 
 def compile_run(config: ml_collections.ConfigDict, topology_name: str,
-                kinds=programs_lib.KINDS, buckets=None, log=None) -> dict:
-  """Compiles the run of `config` for `topology_name`; returns the report
-  ('programs': one `report.program_report` each)."""
-  topo = topology_lib.topology(topology_name)
+                kinds=programs_lib.KINDS, buckets=None, log=None,
+                num_slices: int = 1) -> dict:
+  """Compiles the run of `config` for `num_slices` slices of
+  `topology_name`; returns the report ('programs': one
+  `report.program_report` each)."""
+  topo = topology_lib.topology(topology_name, num_slices)
   devices = topology_lib.topology_devices(topo)
   run = programs_lib.compiled_run(config, devices)
   plans = programs_lib.rehearse_hosts(run)

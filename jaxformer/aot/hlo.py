@@ -92,6 +92,35 @@ def collective_stats(hlo_text: str) -> dict[str, dict[str, float]]:
   return stats
 
 
+def cross_slice_stats(hlo_text: str) -> dict[str, dict[str, float]]:
+  """The collectives a program runs across slices, per step: by libtpu's
+  transfer type ('all-reduce', ...), 'count' (runs, as in
+  `collective_stats`) and 'bytes' (per device) sent.
+
+  Compiled for several slices, a module holds one slice's devices: its
+  replica groups stay within the slice, and what crosses the data-centre
+  network is lowered to host-transfer sends (and their recvs) to the
+  Megascale runtime, tagged `_xla_megascale_transfer_type`; each send
+  counts once.
+  """
+  computations, _ = _module(hlo_text)
+  runs, _ = runs_per_computation(hlo_text)
+  shapes = {name: shape for body in computations.values()
+            for name, shape, _ in body}
+  stats: dict[str, dict[str, float]] = {}
+  for computation, body in computations.items():
+    for _, _, call in body:
+      kind = re.search(r'_xla_megascale_transfer_type="(\w+)"', call)
+      if not call.startswith('send(') or not kind:
+        continue
+      entry = stats.setdefault(kind.group(1).lower().replace('_', '-'),
+                               {'count': 0, 'bytes': 0.0})
+      entry['count'] += runs[computation]
+      entry['bytes'] += runs[computation] * shape_bytes(
+          shapes.get(_operands(call)[0], ''))
+  return stats
+
+
 def custom_calls(hlo_text: str) -> dict[str, int]:
   """Count of each custom-call target in a compiled HLO module's text: the
   kernels XLA did not write itself, e.g. `tpu_custom_call` for a Pallas

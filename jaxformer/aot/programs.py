@@ -49,10 +49,11 @@ def train_shapes(config: ml_collections.ConfigDict, row_shards: int,
 
 
 def _check_rows(what: str, rows: int, mesh, key: str):
-  split = mesh.shape['data'] * mesh.shape['fsdp']
+  split = mesh_lib.row_shards(mesh)
   if rows % split:
+    axes = ' x '.join(mesh_lib.batch_spec(mesh)[0])
     raise ValueError(
-        f'{what}: {rows} rows do not divide over the batch axes data x fsdp '
+        f'{what}: {rows} rows do not divide over the batch axes {axes} '
         f'= {split}; set {key} so that they do.')
 
 
@@ -139,7 +140,7 @@ def _decode_program(run: RunSpec, params, under_mesh) -> Program:
   the final test-split report): its batch size, lengths and beam."""
   data, settings = run.config.data, run.config.decode
   model_config = run.model_config
-  split = run.mesh.shape['data'] * run.mesh.shape['fsdp']
+  split = mesh_lib.row_shards(run.mesh)
   rows = -(-settings.batch_size // split) * split
   decode_len = search.decode_length(data.max_target_length,
                                     settings.max_extra_len,

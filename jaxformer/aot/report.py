@@ -69,6 +69,8 @@ def program_report(program: Program, topo: Topology, num_devices: int
       'flops_per_device': flops, 'estimated_seconds': seconds,
       'model_flops_per_device': None, 'mfu': None,
   }
+  if topo.slices > 1:
+    report['cross_slice'] = hlo.cross_slice_stats(text)
   report['loops_undercounted'] = False
   if program.model_flops:
     per_device = program.model_flops / num_devices
@@ -165,6 +167,10 @@ def format_program(p: dict) -> str:
           + (f' [{s["instructions"]} in the program]'
              if s['instructions'] not in (0, s['count']) else '')
           for op, s in p['collectives'].items())]
+  if 'cross_slice' in p:
+    lines.append('  across slices (DCN) per step: ' + (', '.join(
+        f'{op} {s["count"]} ({_bytes(s["bytes"])})'
+        for op, s in p['cross_slice'].items()) or 'nothing'))
   if p['loops_of_unknown_trip_count']:
     lines.append(f'  ({p["loops_of_unknown_trip_count"]} loop(s) of unknown '
                  'trip count: their collectives counted once)')

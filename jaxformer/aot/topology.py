@@ -37,6 +37,7 @@ class Topology:
   chip: Chip
   grid: str  # Chips along each axis of the slice.
   chips_per_host: tuple[int, int, int] | None = None  # None: libtpu's default.
+  slices: int = 1  # Joined by the data-centre network (DCN).
 
   @property
   def chips(self) -> int:
@@ -64,15 +65,24 @@ def _topologies():
 TOPOLOGIES = _topologies()
 
 
-def topology(name: str) -> Topology:
+def topology(name: str, num_slices: int = 1) -> Topology:
+  """The accelerator type `name`, or `num_slices` slices of it (named
+  '2 x v5e-16')."""
   if name not in TOPOLOGIES:
     raise ValueError(f'Unknown topology {name!r}; known: '
                      f'{", ".join(TOPOLOGIES)}.')
-  return TOPOLOGIES[name]
+  if num_slices < 1:
+    raise ValueError(f'--num-slices {num_slices}: give at least 1.')
+  if num_slices == 1:
+    return TOPOLOGIES[name]
+  return dataclasses.replace(TOPOLOGIES[name], name=f'{num_slices} x {name}',
+                             slices=num_slices)
 
 
 def topology_devices(topo: Topology) -> list:
-  """The compile-only devices of `topo`, one per chip, all hosts."""
+  """The compile-only devices of `topo`, one per chip, all hosts of all
+  its slices; each carries its `slice_index`, and the process indices go
+  on from one slice to the next."""
   from jax.experimental import topologies
   try:
     import libtpu  # noqa: F401  (only whether it is installed)
@@ -80,7 +90,7 @@ def topology_devices(topo: Topology) -> list:
     raise RuntimeError(
         'jaxformer compile needs libtpu: pip install -e ".[tpu]" (wheels '
         'exist for Linux x86_64 only).') from None
-  kwargs = {}
+  kwargs = {'num_slices': topo.slices} if topo.slices > 1 else {}
   if topo.chip.kind in ('v4',):  # One device per chip, as on a v4 VM.
     kwargs['chip_config_name'] = 'megacore'
   if topo.chips_per_host:

@@ -67,7 +67,8 @@ def cmd_compile(args, overrides) -> int:
   if args.buckets != 'all':
     buckets = [int(w) for w in args.buckets.split(',')]
   report = compile_run(config, args.topology, kinds, buckets,
-                       log=lambda text: print(text, flush=True))
+                       log=lambda text: print(text, flush=True),
+                       num_slices=args.num_slices)
   report['config'] = args.config
   report['overrides'] = list(overrides)
   if args.json:
@@ -98,6 +99,9 @@ def add_compile(commands) -> None:
   compile_.add_argument('--config', required=True)
   compile_.add_argument('--topology', required=True,
                         help='an accelerator type: v4-8, v5e-8, v5p-64, ...')
+  compile_.add_argument('--num-slices', type=int, default=1,
+                        help='slices of the topology joined by the '
+                        'data-centre network (set mesh.dcn_data to match)')
   compile_.add_argument('--programs', default='train,eval,decode',
                         help='which of train, eval, decode (default: all); '
                         'none: only the start-up of every host')

@@ -102,6 +102,7 @@ RANGES = {
     'mesh.data': MESH_SIZE,
     'mesh.fsdp': MESH_SIZE,
     'mesh.tensor': MESH_SIZE,
+    'mesh.dcn_data': POSITIVE,
     'eval.every': NON_NEGATIVE,
     'eval.num_batches': NON_NEGATIVE,
     'eval.bleu_examples': NON_NEGATIVE,

@@ -60,7 +60,8 @@ def default_config() -> ml_collections.ConfigDict:
       schedule_over_budget=False,
   ))
   c.mesh = ml_collections.ConfigDict(dict(
-      data=-1, fsdp=1, tensor=1,
+      data=-1, fsdp=1, tensor=1,  # within one slice
+      dcn_data=1,  # slices the data axis spans (docs/pods.md)
       axis_rules=[list(rule) for rule in mesh_lib.DEFAULT_AXIS_RULES],
   ))
   c.eval = ml_collections.ConfigDict(dict(

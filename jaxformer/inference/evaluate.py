@@ -159,7 +159,7 @@ def decode_split(params, model_config: ModelConfig,
                                     config.decode.max_extra_len,
                                     model_config.max_len)
   params = mesh_lib.gathered(params, 'fsdp')  # Once, not at every token.
-  batch_rows = mesh.shape['data'] * mesh.shape['fsdp']
+  batch_rows = mesh_lib.row_shards(mesh)
   batch_size = math.ceil(config.decode.batch_size / batch_rows) * batch_rows
   batches = pipeline.translation_eval_batches(
       config.data, source_tok, target_tok, split,

@@ -2,7 +2,10 @@
 
 The mesh has three axes: `data` (batch split, parameters replicated), `fsdp`
 (batch split, parameters and optimizer state sharded) and `tensor` (heads, MLP
-and vocabulary split). The model names its axes logically ('embed', 'mlp',
+and vocabulary split). Over several slices (`mesh.dcn_data` > 1) a fourth,
+leading axis `dcn` splits the batch across slices over the data-centre
+network: each slice holds a whole copy of the parameters (FSDP within it),
+and the gradients cross the DCN once per step. The model names its axes logically ('embed', 'mlp',
 'heads', 'kv', 'vocab', 'layers', and 'batch'/'length' for activations); a
 rules table maps those names to mesh axes, so the parallelism is chosen by
 configuration alone.
@@ -38,6 +41,7 @@ from jax.sharding import Mesh, NamedSharding, PartitionSpec
 from jaxformer.parallel.row_share import RowShare
 
 MESH_AXES = ('data', 'fsdp', 'tensor')
+DCN_AXIS = 'dcn'  # Leads MESH_AXES in a mesh of several slices.
 
 # Data parallel over `data` and `fsdp`; FSDP shards 'embed' over `fsdp`;
 # tensor parallelism splits heads, MLP and vocabulary. Axes of size 1 cost
@@ -82,9 +86,62 @@ def mesh_shape(sizes: Mapping[str, int], num_devices: int) -> tuple[int, ...]:
   return tuple(shape)
 
 
+def slice_of(device) -> int:
+  """The slice of a device: a TPU's `slice_index`; 0 for CPUs and GPUs
+  (whose nodes are not slices: their data axis crosses nodes as it is)."""
+  if device.platform != 'tpu':
+    return 0
+  return getattr(device, 'slice_index', 0)
+
+
 def make_mesh(sizes: Mapping[str, int],
-              devices: Sequence[jax.Device] | None = None) -> Mesh:
-  """A ('data', 'fsdp', 'tensor') mesh over `devices` (default: all).
+              devices: Sequence[jax.Device] | None = None, dcn_data: int = 1,
+              slice_of=slice_of) -> Mesh:
+  """A ('data', 'fsdp', 'tensor') mesh over `devices` (default: all), or
+  over several slices a ('dcn', 'data', 'fsdp', 'tensor') one.
+
+  Args:
+    sizes: the axis sizes within one slice.
+    dcn_data: how many slices the data axis spans, over the data-centre
+      network: the number of slices of `devices`. As
+      `mesh_utils.create_hybrid_device_mesh` builds a hybrid mesh, the
+      devices are grouped by slice (`slice_of`: device -> slice, a
+      parameter so that tests can group CPU devices into slices) in slice
+      order, each slice's mesh laid out alone, and the slices stacked
+      along `dcn`.
+
+  Raises:
+    ValueError naming both numbers where `dcn_data` is not the number of
+    slices.
+  """
+  devices = list(jax.devices() if devices is None else devices)
+  groups = {}
+  for device in devices:
+    groups.setdefault(slice_of(device), []).append(device)
+  if len(groups) != dcn_data:
+    raise ValueError(
+        f'mesh.dcn_data={dcn_data} does not match the {len(groups)} slices '
+        f'of the {len(devices)} devices: each slice holds one part of the '
+        f'data axis, so set mesh.dcn_data={len(groups)}.')
+  if dcn_data == 1:
+    return _slice_mesh(sizes, devices)
+  if len({len(group) for group in groups.values()}) > 1:
+    raise ValueError(f'slices of unequal device counts '
+                     f'{sorted(len(g) for g in groups.values())}: a mesh '
+                     'over several slices needs equal ones.')
+  meshes = [_slice_mesh(sizes, groups[key]) for key in sorted(groups)]
+  return Mesh(np.stack([mesh.devices for mesh in meshes]),
+              (DCN_AXIS, *MESH_AXES), **_auto_axes(1 + len(MESH_AXES)))
+
+
+def _auto_axes(count: int) -> dict:
+  if hasattr(jax.sharding, 'AxisType'):  # Newer jax defaults to Explicit.
+    return {'axis_types': (jax.sharding.AxisType.Auto,) * count}
+  return {}
+
+
+def _slice_mesh(sizes: Mapping[str, int], devices: list) -> Mesh:
+  """A ('data', 'fsdp', 'tensor') mesh over the `devices` of one slice.
 
   `jax.make_mesh` orders devices by the interconnect, which on a TPU pod
   interleaves hosts. That is fine for the batch axes (`row_shares` feeds
@@ -94,11 +151,8 @@ def make_mesh(sizes: Mapping[str, int],
   are taken host by host instead (the interconnect order kept within each
   host), so every `tensor` group lies within one host.
   """
-  devices = list(jax.devices() if devices is None else devices)
   shape = mesh_shape(sizes, len(devices))
-  kwargs = {}
-  if hasattr(jax.sharding, 'AxisType'):  # Newer jax defaults to Explicit.
-    kwargs['axis_types'] = (jax.sharding.AxisType.Auto,) * len(MESH_AXES)
+  kwargs = _auto_axes(len(MESH_AXES))
   mesh = jax.make_mesh(shape, MESH_AXES, devices=devices, **kwargs)
   if _tensor_groups_span_processes(mesh.devices):
     host_major = sorted(mesh.devices.reshape(-1),
@@ -116,12 +170,24 @@ def _tensor_groups_span_processes(devices: np.ndarray) -> bool:
   return any(len({d.process_index for d in group}) > 1 for group in groups)
 
 
-def axis_rules(rules) -> tuple[tuple[str, object], ...]:
+def axis_rules(rules, mesh=None) -> tuple[tuple[str, object], ...]:
   """Normalises a rules table from a config (lists) into tuples: the one
   place that does. `logical_shardings` and `activate` call it, so callers
-  pass `config.mesh.axis_rules` as it is."""
+  pass `config.mesh.axis_rules` as it is. On a `mesh` with a `dcn` axis,
+  every rule that names `data` names `dcn` before it: the data axis spans
+  the slices (so 'batch' is split over dcn x data x fsdp and the
+  parameters are replicated across slices)."""
+  spans_slices = mesh is not None and DCN_AXIS in mesh.axis_names
+
   def as_axes(value):
-    return tuple(value) if isinstance(value, (list, tuple)) else value
+    value = tuple(value) if isinstance(value, (list, tuple)) else value
+    if not spans_slices:
+      return value
+    axes = (value,) if isinstance(value, str) else tuple(value or ())
+    if 'data' in axes and DCN_AXIS not in axes:
+      at = axes.index('data')
+      return (*axes[:at], DCN_AXIS, *axes[at:])
+    return value
   return tuple((str(name), as_axes(value)) for name, value in rules)
 
 
@@ -153,7 +219,7 @@ def logical_shardings(logical_tree, mesh: Mesh, rules, shapes=None):
     shapes: the arrays (or ShapeDtypeStructs) of `logical_tree`, to keep
       the `UNLESS_UNDIVIDED` axes whole where the mesh does not divide them.
   """
-  rules = axis_rules(rules)
+  rules = axis_rules(rules, mesh)
   if shapes is not None:
     logical_tree = jax.tree.map(
         lambda spec, x: _divided_only(spec, x.shape, mesh, rules),
@@ -162,13 +228,22 @@ def logical_shardings(logical_tree, mesh: Mesh, rules, shapes=None):
   return nn.logical_to_mesh_sharding(logical_tree, mesh, rules)
 
 
+def batch_spec(mesh) -> PartitionSpec:
+  """How a batch's rows split over `mesh` (a Mesh or AbstractMesh):
+  `BATCH_SPEC`, led by `dcn` on a mesh of several slices."""
+  if DCN_AXIS in mesh.axis_names:
+    return PartitionSpec((DCN_AXIS, *BATCH_SPEC[0]))
+  return BATCH_SPEC
+
+
 def batch_sharding(mesh: Mesh) -> NamedSharding:
-  return NamedSharding(mesh, BATCH_SPEC)
+  return NamedSharding(mesh, batch_spec(mesh))
 
 
-def row_shards(mesh: Mesh) -> int:
-  """How many parts the batch axes split a batch's rows into (data x fsdp)."""
-  return int(np.prod([mesh.shape[axis] for axis in BATCH_SPEC[0]]))
+def row_shards(mesh) -> int:
+  """How many parts the batch axes split a batch's rows into ([dcn x]
+  data x fsdp)."""
+  return int(np.prod([mesh.shape[axis] for axis in batch_spec(mesh)[0]]))
 
 
 def row_shares(mesh: Mesh, process_of=lambda device: device.process_index
@@ -291,5 +366,5 @@ def activate(mesh: Mesh, rules):
     mesh_context = jax.sharding.use_mesh(mesh)
   else:
     mesh_context = mesh
-  with mesh_context, nn.logical_axis_rules(axis_rules(rules)):
+  with mesh_context, nn.logical_axis_rules(axis_rules(rules, mesh)):
     yield

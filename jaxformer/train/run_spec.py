@@ -33,7 +33,8 @@ def run_mesh(config: ml_collections.ConfigDict,
              devices: Sequence[jax.Device] | None = None) -> jax.sharding.Mesh:
   """The mesh of config.mesh over `devices` (default: every device)."""
   return mesh_lib.make_mesh(
-      {axis: config.mesh[axis] for axis in mesh_lib.MESH_AXES}, devices)
+      {axis: config.mesh[axis] for axis in mesh_lib.MESH_AXES}, devices,
+      dcn_data=config.mesh.get('dcn_data', 1))
 
 
 def _copy(config: ml_collections.ConfigDict) -> ml_collections.ConfigDict:

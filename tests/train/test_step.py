@@ -54,8 +54,10 @@ def run_steps(model_config, mesh_sizes, num_devices, batches,
   """Returns (losses per step, gradient norms per step, final params as
   numpy). Adam is nearly invariant to the gradient's scale, so parameters
   alone would not show a step that sums or averages its gradient wrongly;
-  the norms do."""
-  mesh = mesh_lib.make_mesh(mesh_sizes, jax.devices()[:num_devices])
+  the norms do. `mesh_sizes` may be a Mesh."""
+  mesh = mesh_sizes
+  if not isinstance(mesh, jax.sharding.Mesh):
+    mesh = mesh_lib.make_mesh(mesh_sizes, jax.devices()[:num_devices])
   rules = mesh_lib.DEFAULT_AXIS_RULES
   task = get_task(task_name)
   schedule = schedules.make_schedule(TRAIN, model_config.d_model)
@@ -107,6 +109,22 @@ def single_device_run():
     {'data': 8}, {'data': 2, 'fsdp': 4}, {'data': 2, 'fsdp': 2, 'tensor': 2}])
 def test_sharded_steps_match_single_device(single_device_run, mesh_sizes):
   assert_same_run(run_steps(tiny_model(), mesh_sizes, 8, toy_batches(STEPS)),
+                  single_device_run)
+
+
+def test_two_slices_step_as_one_device(single_device_run):
+  """A hybrid mesh: the 8 CPU devices (which have no slice_index) grouped
+  into two fake slices of 4 by device id, each a data=2 x fsdp=2 mesh,
+  stacked along `dcn`. The batch splits over dcn x data x fsdp, each slice
+  holds whole parameters (FSDP within it), and the steps give the plain
+  run's numbers."""
+  mesh = mesh_lib.make_mesh({'data': 2, 'fsdp': 2}, jax.devices()[:8],
+                            dcn_data=2, slice_of=lambda device: device.id // 4)
+  assert dict(mesh.shape) == {'dcn': 2, 'data': 2, 'fsdp': 2, 'tensor': 1}
+  assert [{d.id // 4 for d in part.flat} for part in mesh.devices] == [{0},
+                                                                       {1}]
+  assert mesh_lib.row_shards(mesh) == 8
+  assert_same_run(run_steps(tiny_model(), mesh, 8, toy_batches(STEPS)),
                   single_device_run)
 
 
