@@ -65,6 +65,7 @@ def runs(tmp_path_factory):
               resumed=resumed, again=again)
 
 
+@pytest.mark.slow
 def test_fields_sum_to_the_wall_time_in_metrics_and_summary(runs):
   for final, seconds, printed in (runs['first'], runs['resumed']):
     assert set(CAUSES) <= set(final)
@@ -86,6 +87,7 @@ def test_fields_sum_to_the_wall_time_in_metrics_and_summary(runs):
                                                         rel=0.01)
 
 
+@pytest.mark.slow
 def test_restart_loss_is_counted_after_a_stop_and_resume(runs):
   first, resumed, again = (runs[k][0] for k in ('first', 'resumed', 'again'))
   assert first['time_restarts'] == 0
@@ -101,6 +103,7 @@ def test_restart_loss_is_counted_after_a_stop_and_resume(runs):
   assert {'4', '6', '8', '10'} <= set(record['saved'])
 
 
+@pytest.mark.slow
 def test_profile_steps_write_a_trace_only_when_asked(runs):
   assert len(runs['traces']) == 1
   assert trace_files(runs['workdir']) == runs['traces']  # None added later.

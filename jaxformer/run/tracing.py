@@ -1,6 +1,7 @@
 """`train.profile_steps=A:B`: a `jax.profiler` trace of steps A to B in
-`<workdir>/profile/` (TensorBoard's profile plugin and Perfetto read it), on
-process 0 or, with `train.profile_all_hosts`, on every process."""
+`<workdir>/profile/` (`.xplane.pb` for TensorBoard's profile plugin,
+`perfetto_trace.json.gz` for Perfetto), on process 0 or, with
+`train.profile_all_hosts`, on every process."""
 import jax
 
 from jaxformer.config import ranges
@@ -21,7 +22,7 @@ class StepTrace:
 
   def before(self, step: int) -> None:
     if self.first <= step <= self.last and not self.active:
-      jax.profiler.start_trace(self.directory)
+      jax.profiler.start_trace(self.directory, create_perfetto_trace=True)
       self.active = True
 
   def after(self, step: int, outputs) -> None:
