@@ -106,6 +106,8 @@ def test_restart_loss_is_counted_after_a_stop_and_resume(runs):
 @pytest.mark.slow
 def test_profile_steps_write_a_trace_only_when_asked(runs):
   assert len(runs['traces']) == 1
+  assert glob.glob(f'{runs["workdir"]}/profile/**/perfetto_trace.json.gz',
+                   recursive=True)
   assert trace_files(runs['workdir']) == runs['traces']  # None added later.
 
 
