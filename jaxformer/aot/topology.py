@@ -8,6 +8,7 @@ import math
 import os
 
 from jaxformer.runtime import library_logs
+from jaxformer.train.flops import TPU_PEAK_FLOPS
 
 # Another process holding libtpu (a training run on this TPU VM, a second
 # test worker) must not stop a compile-only client, which uses no TPU.
@@ -21,12 +22,8 @@ class Chip:
   peak_bf16_flops: float  # Per chip (both TensorCores of a megacore chip).
 
 
-CHIPS = {
-    'v4': Chip('v4', 32, 275e12),
-    'v5e': Chip('v5e', 16, 197e12),
-    'v5p': Chip('v5p', 95, 459e12),
-    'v6e': Chip('v6e', 32, 918e12),
-}
+CHIPS = {kind: Chip(kind, hbm, TPU_PEAK_FLOPS[kind])
+         for kind, hbm in (('v4', 32), ('v5e', 16), ('v5p', 95), ('v6e', 32))}
 
 
 @dataclasses.dataclass(frozen=True)

@@ -18,7 +18,7 @@ from jaxformer.checkpoints import manager as checkpoint_lib
 from jaxformer.checkpoints import exports
 from jaxformer.parallel import mesh as mesh_lib
 from jaxformer.storage import paths
-from jaxformer.data.tokenizer import Tokenizer, from_serialized
+from jaxformer.data.tokenizer import Tokenizer, from_serialized, model_paths
 from jaxformer.model import config as model_config_lib
 from jaxformer.train.run_spec import RunSpec
 from jaxformer.train.tasks import Task
@@ -144,6 +144,17 @@ def pretrained_start(config: ml_collections.ConfigDict):
       target_vocab_size=tokenizer.get('target_vocab_size', 0),
       model_path='', source_model_path='', target_model_path='')
   return config, tokenizers_from_extra(extra)
+
+
+def write_tokenizers(data_config: ml_collections.ConfigDict, workdir: str,
+                     tokenizers) -> None:
+  """Process 0 writes a pretrained model's tokenizers [source, target]
+  where the run keeps its own (unless there already)."""
+  models = model_paths(data_config, workdir)
+  if jax.process_index() != 0 or all(map(paths.exists, models)):
+    return
+  for path, tokenizer in zip(models, tokenizers):
+    paths.write_bytes(path, tokenizer.serialized_model_proto())
 
 
 def pretrained_params(directory: str, run: RunSpec):

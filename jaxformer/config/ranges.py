@@ -145,3 +145,18 @@ def out_of_range(config) -> list[str]:
       problems.append(f'{dotted}={value!r} is out of range; it must be '
                       f'{allowed}.')
   return problems
+
+
+def step_span(text: str) -> tuple[int, int] | None:
+  """`train.profile_steps`: 'A:B' as (A, B) with 0 < A <= B; '': None."""
+  if not text:
+    return None
+  first, _, last = str(text).partition(':')
+  try:
+    span = int(first), int(last)
+  except ValueError:
+    span = (0, 0)
+  if not 0 < span[0] <= span[1]:
+    raise ValueError(f'train.profile_steps={text!r} is not A:B with '
+                     '0 < A <= B (steps to trace, e.g. 10:12).')
+  return span

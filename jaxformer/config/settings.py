@@ -53,11 +53,14 @@ def default_config() -> ml_collections.ConfigDict:
       prng_impl='threefry2x32',  # threefry2x32 | rbg | unsafe_rbg
       nan_policy='stop',  # stop | skip (non-finite steps are not applied)
       log_every=100,
-      peak_flops=0.0,  # FLOP/s of one device for MFU; 0: measure at start
+      peak_flops=0.0,  # a device's FLOP/s for MFU; 0: its chip's, or measured
       max_minutes=0.0,  # wall-clock budget (from the start); 0: none
       # With max_minutes and warmup_cosine: at the end of warm-up, fix
       # num_steps to what the budget allows (saved in the workdir).
       schedule_over_budget=False,
+      # 'A:B': a jax.profiler trace of steps A-B in <workdir>/profile/
+      # (process 0's, or every process's with profile_all_hosts); '': none.
+      profile_steps='', profile_all_hosts=False,
   ))
   c.mesh = ml_collections.ConfigDict(dict(
       data=-1, fsdp=1, tensor=1,  # within one slice
@@ -291,6 +294,7 @@ def validate(config: ml_collections.ConfigDict) -> None:
     raise ConfigError(' '.join(problems))
   try:
     mixture.parse(config.data)
+    config_ranges.step_span(config.train.profile_steps)
   except ValueError as e:
     raise ConfigError(str(e)) from None
   _validate_budget_and_average(config)

@@ -34,6 +34,14 @@ def batch_flops(run: RunSpec, local: dict[str, np.ndarray]) -> float:
       local['targets'].shape[1] if 'targets' in local else 0)
 
 
+def peak_flops(configured: float = 0.0) -> float:
+  """FLOP/s of one device: `configured` (train.peak_flops), else the chip's
+  from the table (TPUs, GPUs), else measured (CPUs)."""
+  kind = jax.devices()[0].device_kind
+  return (configured or flops_lib.device_peak_flops(kind)
+          or measure_peak_flops())
+
+
 def measure_peak_flops(seconds: float = 0.5) -> float:
   """FLOP/s of one device on a large float32 matmul (bf16 on accelerators)."""
   device = jax.devices()[0]

@@ -30,25 +30,16 @@ from jaxformer.parallel import cluster
 from jaxformer.parallel import mesh as mesh_lib
 from jaxformer.parallel import peers
 from jaxformer.run import budget as budget_lib
+from jaxformer.run import goodput as goodput_lib
 from jaxformer.run import host_plan
 from jaxformer.run import log_window
+from jaxformer.run import tracing
 from jaxformer.run.evaluation import Evaluator
 from jaxformer.run.metrics import MetricsWriter, Progress
 from jaxformer.run.signals import StopRequested
 from jaxformer.storage import paths
 from jaxformer.train import run_spec
 from jaxformer.train.state import TrainState
-
-
-def write_tokenizers(data_config: ml_collections.ConfigDict, workdir: str,
-                     tokenizers) -> None:
-  """Process 0 writes a pretrained model's tokenizers [source, target]
-  where the run keeps its own (unless there already)."""
-  models = tokenizer_lib.model_paths(data_config, workdir)
-  if jax.process_index() != 0 or all(map(paths.exists, models)):
-    return
-  for path, tokenizer in zip(models, tokenizers):
-    paths.write_bytes(path, tokenizer.serialized_model_proto())
 
 
 @dataclasses.dataclass
@@ -76,6 +67,7 @@ class Trainer:
                devices=None):
     """`devices`: the mesh's devices in order (default: all, as
     `jax.make_mesh` orders them)."""
+    self.goodput = goodput_lib.Goodput(workdir)
     cluster.initialize_distributed(config.distributed)
     self.devices = devices
     # Seconds, not the hour that the others would wait for process 0's files.
@@ -87,6 +79,8 @@ class Trainer:
     self.workdir = workdir
     self.is_main = jax.process_index() == 0
     self.checkpoints = checkpoint_lib.Checkpointer(workdir, config.checkpoint)
+    self.goodput.watch(self.checkpoints)
+    self.trace = tracing.StepTrace(config.train, workdir)
     try:
       self._set_up(config)
     except BaseException:
@@ -102,7 +96,8 @@ class Trainer:
   def _set_up(self, config: ml_collections.ConfigDict) -> None:
     config, pretrained_tokenizers = trained_lib.pretrained_start(config)
     if pretrained_tokenizers:
-      write_tokenizers(config.data, self.workdir, pretrained_tokenizers)
+      trained_lib.write_tokenizers(config.data, self.workdir,
+                                   pretrained_tokenizers)
     # Process 0's tokenizer hash and token-cache keys are every process's.
     agree = (functools.partial(
         peers.from_process_0,
@@ -186,6 +181,8 @@ class Trainer:
         self.checkpoints.close()
       raise
     self.checkpoints.close()
+    final.update(self.goodput.end(self.finished))
+    self.log(goodput_lib.summary(final))
     return final
 
   def _run(self, stop: StopRequested) -> dict:
@@ -212,6 +209,7 @@ class Trainer:
                f'{self.workdir} (the first step compiles first).')
     with mesh_lib.activate(self.mesh, self.spec.rules):
       state, step = self._train(state, loop, stop)
+      self.trace.stop(state)
       self.checkpoints.wait()
       self.finished = self.finished or step >= self.config.train.num_steps
       if self.finished and self.config.eval.average_last > 1:
@@ -240,7 +238,7 @@ class Trainer:
                     else None)
     progress = Progress(train.num_steps, start_step, enabled=self.is_main,
                         seconds_left=seconds_left)
-    peak_flops = train.peak_flops or log_window.measure_peak_flops()
+    peak_flops = log_window.peak_flops(train.peak_flops)
     return Loop(start_step, batches, writer, progress,
                 peak_flops * jax.device_count(), seconds_left, over_budget,
                 mixture.Tally(self.config.data))
@@ -250,9 +248,10 @@ class Trainer:
     """Steps from `loop.start_step` until the last, the budget's end or a
     stop; returns the state and its step."""
     shardings = jax.tree.map(lambda x: x.sharding, state)
-    step_fn = self.spec.train_step(shardings)
+    step_fn = self.goodput.first_call_timed(self.spec.train_step(shardings))
     window = self._window()
     step = loop.start_step
+    self.goodput.begin(step)
     while step < self.config.train.num_steps:
       step += 1
       state, out_of_time, stopping = self._step(step_fn, state, step, loop,
@@ -264,7 +263,8 @@ class Trainer:
         continue
       self._log(step, window, loop)
       if self._measure_budget(step, last, loop):
-        step_fn = self.spec.train_step(shardings)
+        step_fn = self.goodput.first_call_timed(
+            self.spec.train_step(shardings))
       stopping = self._evaluate_and_save(state, step, last, stopping, stop,
                                          loop)
       if self._ends(step, last, out_of_time, stopping, stop, loop):
@@ -278,9 +278,11 @@ class Trainer:
     """Dispatches step `step` on the next batch and counts it in `window`
     (which fetches the metrics of the step before); returns the state,
     whether the budget is spent and whether to stop after it."""
-    local = next(loop.batches)
+    local = self.goodput.timed('input', next)(loop.batches)
     loop.drawn.add(local)
+    self.trace.before(step)
     state, metrics = step_fn(state, mesh_lib.global_batch(local, self.mesh))
+    self.trace.after(step, metrics)
     out_of_time = self.budget.spent(step)
     window.add(step, metrics,
                log_window.real_tokens(local) * jax.process_count(),
@@ -290,7 +292,7 @@ class Trainer:
   def _log(self, step: int, window: log_window.Window, loop: Loop) -> None:
     """Writes and shows the window's metrics as those of `step`."""
     loop.final = window.summary(loop.peak_flops)
-    loop.final.update(loop.drawn.take())
+    loop.final.update(loop.drawn.take(), **self.goodput.fields())
     loop.writer.write(step, loop.final)
     loop.progress.update(step, loop.final)
 
@@ -384,7 +386,8 @@ class Trainer:
 
   def evaluate(self, state: TrainState) -> dict[str, float]:
     """Loss metrics on the eval split (and BLEU for translation)."""
-    return self.evaluator(state.params)
+    with self.goodput.timing('eval'):
+      return self.evaluator(state.params)
 
 
 def train(config: ml_collections.ConfigDict, workdir: str) -> dict:

@@ -21,6 +21,29 @@ So MFU uses this formula, never XLA's count.
 """
 from jaxformer.model.config import ModelConfig
 
+# Dense bf16 FLOP/s of one chip (both TensorCores of a megacore TPU chip):
+# `jaxformer compile`'s TPU chips, and MFU's peak on TPUs and GPUs.
+TPU_PEAK_FLOPS = {'v4': 275e12, 'v5e': 197e12, 'v5p': 459e12, 'v6e': 918e12}
+# `jax.Device.device_kind` -> peak, the first that the kind contains.
+DEVICE_PEAK_FLOPS = (
+    ('TPU v4', TPU_PEAK_FLOPS['v4']),
+    ('TPU v5 lite', TPU_PEAK_FLOPS['v5e']), ('TPU v5e', TPU_PEAK_FLOPS['v5e']),
+    ('TPU v5', TPU_PEAK_FLOPS['v5p']),
+    ('TPU v6', TPU_PEAK_FLOPS['v6e']),
+    ('H100 PCIe', 756e12), ('H100', 989e12), ('H200', 989e12),
+    ('GH200', 989e12), ('B200', 2250e12), ('A100', 312e12),
+    ('L40S', 362e12), ('L4', 121e12), ('A10', 125e12),
+)
+
+
+def device_peak_flops(device_kind: str) -> float | None:
+  """The table's peak for a device kind ('TPU v5 lite', 'NVIDIA H100 80GB
+  HBM3'); None for others (CPUs)."""
+  for name, peak in DEVICE_PEAK_FLOPS:
+    if name in device_kind:
+      return peak
+  return None
+
 
 def _layer_matmul_params(cfg: ModelConfig, attention_blocks: int) -> int:
   """Query and output projections of n heads, key and value projections of
