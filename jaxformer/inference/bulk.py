@@ -243,7 +243,6 @@ def translate_corpus(model, files: Sequence[str], out: str,
   parts.check_manifest(dict(
       description, inputs=[[f, paths.stat(f)[0]] for f in files],
       lines=plan.lines, **dataclasses.asdict(settings)))
-  parts.look()
   mine = [c for c in plan.owned(jax.process_index(), jax.process_count())
           if not parts.committed(c)]
   progress = Progress(plan.lines, parts.committed_lines())
@@ -264,8 +263,10 @@ def translate_corpus(model, files: Sequence[str], out: str,
                                       WAIT_SECONDS, 'done|stopped')
   if 'stopped' in statuses:
     return 'stopped', progress.line(final=True)
-  peers.from_process_0('bulk_translate/assembled', parts.assemble,
-                       WAIT_SECONDS, 'ok')
+  if jax.process_index() == 0:
+    parts.assemble()
+  peers.from_every_process('bulk_translate/assembled', 'ok', WAIT_SECONDS,
+                           'ok')
   return 'done', progress.line(final=True)
 
 

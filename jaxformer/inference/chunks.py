@@ -84,15 +84,18 @@ class Parts:
 
   def check_manifest(self, manifest: dict) -> None:
     """Writes `manifest` (the input and settings of the parts) unless it
-    is there; raises if the directory holds another translation's."""
+    is there; raises if the directory holds chunks of another translation
+    (a manifest alone is replaced). Notes which files are there (`look`)."""
     path = self._path(MANIFEST)
     manifest = json.loads(json.dumps(manifest))
-    if not paths.exists(path):
-      paths.write_text(path, json.dumps(manifest, indent=1, sort_keys=True))
-      return
-    saved = json.loads(paths.read_text(path))
+    self.look()  # Before reading: a chunk seen is one of the manifest read.
+    saved = json.loads(paths.read_text(path)) if paths.exists(path) else {}
     changed = [k for k in sorted(set(saved) | set(manifest))
                if saved.get(k) != manifest.get(k)]
+    if not any(name.startswith('chunk-') for name in self.present):
+      if changed:
+        paths.write_text(path, json.dumps(manifest, indent=1, sort_keys=True))
+      return
     if changed:
       key = changed[0]
       raise ValueError(
@@ -144,9 +147,9 @@ class Parts:
     paths.remove(self._path(partial_name(chunk)))
     return True
 
-  def assemble(self) -> str:
+  def assemble(self) -> None:
     """Joins the chunks into `out` (gzip-compressed, without a time stamp,
-    if it ends in .gz), then removes the directory; 'ok'."""
+    if it ends in .gz), then removes the directory."""
     with paths.replacing(self.out) as f:
       sink = (gzip.GzipFile(filename='', mode='wb', fileobj=f, mtime=0)
               if self.out.endswith('.gz') else f)
@@ -155,4 +158,3 @@ class Parts:
       if sink is not f:
         sink.close()
     paths.remove_tree(self.directory)
-    return 'ok'
