@@ -94,7 +94,7 @@ def reference(workdir, corpus, environment, tmp_path_factory) -> bytes:
   translations = out.read_text().split('\n')
   assert len(translations) == LINES + 1 and translations[-1] == ''
   assert all(translations[i] == '' for i in range(0, LINES, 300))
-  assert len(set(translations)) > 1000  # Not one answer for all.
+  assert len(set(translations)) > 100  # Not one answer for all.
   return out.read_bytes()
 
 

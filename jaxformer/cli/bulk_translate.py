@@ -60,8 +60,7 @@ def cmd_translate_file(args, overrides) -> int:
       print(f'translate: {progress} ({layout}); wrote {args.output}',
             file=sys.stderr, flush=True)
     else:
-      reason = stop.reason or 'in another process'
-      print(f'translate: stopped ({reason}) at {progress}; committed '
+      print(f'translate: stopped ({stop.reason}) at {progress}; committed '
             f'chunks are in {args.output}.parts: run the same command again '
             'to finish.', file=sys.stderr, flush=True)
   return 0

@@ -103,14 +103,16 @@ class Stop:
   def is_set(self) -> bool:
     return self.reason is not None
 
-  def poll(self) -> bool:
+  def poll(self, every: float = 1.0) -> bool:
+    """Whether to stop; reads the others' at most every `every` seconds."""
     if self.reason is not None and not self._posted:
       peers.post(STOP_KEY, 'stop')
       self._posted = True
-    elif self.reason is None and time.monotonic() - self._polled >= 1.0:
+    elif self.reason is None and time.monotonic() - self._polled >= every:
       self._polled = time.monotonic()
       others = peers.posted(STOP_KEY, 'stop')
       if others:
+        self._posted = True  # Only a process that was stopped posts.
         self.request(f'process {min(others)} was stopped')
     return self.is_set()
 
@@ -262,6 +264,7 @@ def translate_corpus(model, files: Sequence[str], out: str,
   statuses = peers.from_every_process('bulk_translate/status', status,
                                       WAIT_SECONDS, 'done|stopped')
   if 'stopped' in statuses:
+    stop.poll(every=0)  # Who was stopped, if this process has not heard.
     return 'stopped', progress.line(final=True)
   if jax.process_index() == 0:
     parts.assemble()
