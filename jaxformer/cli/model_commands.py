@@ -9,31 +9,34 @@ from jaxformer.cli.arguments import (NON_NEGATIVE_FLOAT, NON_NEGATIVE_INT,
 from jaxformer.storage import paths
 
 
+def input_files(pattern: str) -> list[str]:
+  """The files of --input: a file, or a glob's files in name order."""
+  files = paths.matching_files(pattern)
+  if not files or not paths.exists(files[0]):
+    raise FileNotFoundError(f'--input {pattern}: no such file; name a file '
+                            'of one sentence a line, or a glob of them')
+  return files
+
+
 def input_lines(args):
   """The lines of --input (or stdin) as text, decoded as --invalid-utf8 says."""
   from jaxformer.data import sources
+  from jaxformer.inference import bulk
   if args.input:
-    stream = paths.open_bytes(args.input)
-  else:  # A text stream without .buffer (an embedding program's) re-encoded.
-    stream = getattr(sys.stdin, 'buffer', None) or (
-        line.encode('utf-8', 'surrogateescape') for line in sys.stdin)
-  lines = sources.decode_lines(
-      stream, args.input or '<stdin>',
+    return bulk.read_lines(input_files(args.input), args.invalid_utf8)
+  # A text stream without .buffer (an embedding program's) re-encoded.
+  stream = getattr(sys.stdin, 'buffer', None) or (
+      line.encode('utf-8', 'surrogateescape') for line in sys.stdin)
+  return sources.decode_lines(
+      stream, '<stdin>',
       'replace' if args.invalid_utf8 == 'replace' else 'strict',
-      fix=', or pass --invalid-utf8=replace to replace undecodable bytes '
-      'with U+FFFD')
-  return _closing(lines, stream) if args.input else lines
-
-
-def _closing(lines, stream):
-  """`lines`, then `stream` closed (also when the reader stops early)."""
-  with stream:
-    yield from lines
+      fix=bulk.UTF8_FIX)
 
 
 def add_input_args(p, what: str, default: str = 'stdin') -> None:
   p.add_argument('--input', type=path, help=f'a file of {what}, one per '
-                 f'line (default: {default}); UTF-8')
+                 'line, or a glob of such files (read in name order); '
+                 f'plain or .gz, local or gs:// (default: {default}); UTF-8')
   p.add_argument('--invalid-utf8', choices=('error', 'replace'),
                  default='error', help='on a line that is not UTF-8: stop '
                  'with an error naming it (default), or replace the '
@@ -73,15 +76,23 @@ def load_translator(args, overrides):
   return model
 
 
+def decode_choices(args, config) -> tuple[int, float, int]:
+  """(beam, alpha, max_extra_len): the flags, else the config's decode.*."""
+  pick = lambda flag, saved: saved if flag is None else flag  # noqa: E731
+  return (pick(args.beam, config.decode.beam_size),
+          pick(args.alpha, config.decode.alpha),
+          pick(args.max_extra_len, config.decode.max_extra_len))
+
+
 def cmd_translate(args, overrides) -> int:
+  if args.output:
+    from jaxformer.cli import bulk_translate
+    return bulk_translate.cmd_translate_file(args, overrides)
   from jaxformer.inference import evaluate
   model = load_translator(args, overrides)
   config = model.config
   stream = input_lines(args)
-  beam = config.decode.beam_size if args.beam is None else args.beam
-  alpha = config.decode.alpha if args.alpha is None else args.alpha
-  extra = (config.decode.max_extra_len if args.max_extra_len is None
-           else args.max_extra_len)
+  beam, alpha, extra = decode_choices(args, config)
   for line in evaluate.translate(
       model.params, model.model_config, model.source_tok, model.target_tok,
       stream, beam_size=beam,
@@ -199,9 +210,19 @@ def add_model_args(p, overrides=True):
 def add_parsers(commands) -> None:
   """translate, predict, generate, evaluate, attention and curves."""
   translate = commands.add_parser(
-      'translate', help='translate lines from stdin (or --input) to stdout')
+      'translate', help='translate lines from stdin (or --input) to stdout, '
+      'or a corpus to --output on every process of a run')
   add_model_args(translate)
   add_input_args(translate, 'source sentences')
+  translate.add_argument(
+      '--output', type=path, default=None,
+      help='write the translations to this file (local or gs://; .gz: '
+      'compressed), one line per input line, in chunks that every process '
+      'of the run shares out and commits under OUTPUT.parts/; the same '
+      'command resumes a stopped run (default: stdout, as they come)')
+  translate.add_argument('--chunk-batches', type=POSITIVE_INT, default=16,
+                         help='with --output: batches per committed chunk '
+                         '(its lines are grouped by length into batches)')
   translate.add_argument('--beam', type=POSITIVE_INT, default=None)
   translate.add_argument('--alpha', type=NON_NEGATIVE_FLOAT, default=None)
   translate.add_argument('--max-extra-len', type=NON_NEGATIVE_INT,

@@ -39,14 +39,17 @@ def corpus_scores(hypotheses: Sequence[str],
 
 def decode_tokens(params, model_config: ModelConfig, inputs, *,
                   beam_size: int, alpha: float, max_decode_len: int,
-                  eos_id: int | None = None) -> jax.Array:
-  """Best translation's tokens [batch, max_decode_len] (greedy if beam 1)."""
+                  eos_id: int | None = None,
+                  batch_parts: int | None = None) -> jax.Array:
+  """Best translation's tokens [batch, max_decode_len] (greedy if beam 1);
+  batch_parts as the searches take it (None: their default)."""
   if beam_size <= 1:
     return search.greedy_decode(params, model_config, inputs,
-                                max_decode_len=max_decode_len, eos_id=eos_id)
+                                max_decode_len=max_decode_len, eos_id=eos_id,
+                                batch_parts=batch_parts)
   tokens, _ = beam_search.beam_search(
       params, model_config, inputs, beam_size=beam_size, alpha=alpha,
-      max_decode_len=max_decode_len, eos_id=eos_id)
+      max_decode_len=max_decode_len, eos_id=eos_id, batch_parts=batch_parts)
   return tokens[:, 0]
 
 
@@ -55,12 +58,14 @@ def _round_up(n: int, multiple: int = 16) -> int:
 
 
 def encode_sources(source_tok: Tokenizer, sentences: Sequence[str],
-                   max_length: int, on_too_long: str = 'truncate'
+                   max_length: int, on_too_long: str = 'truncate',
+                   line_numbers: Sequence[int] | None = None
                    ) -> tuple[np.ndarray, list[int]]:
   """Token rows [len(sentences), width] (width a multiple of 16, so few
   shapes compile) and the indices of truncated sentences. An empty line
   becomes an all-padding row (the tokenizer's pad_id). Only the start of a
-  long sentence is encoded (`cut_to_tokens`)."""
+  long sentence is encoded (`cut_to_tokens`). line_numbers: the sentences'
+  numbers in their input, for the error (default: 1, 2, ...)."""
   cut = [cut_to_tokens(s, max_length + 1) for s in sentences]
   ids = [source_tok.encode([s])[0] if s.strip() else [] for s in cut]
   more = ['+' if len(c) < len(s) else '' for c, s in zip(cut, sentences)]
@@ -68,8 +73,9 @@ def encode_sources(source_tok: Tokenizer, sentences: Sequence[str],
               if len(row) > max_length or more[i]]
   if too_long and on_too_long == 'error':
     first = too_long[0]
+    number = line_numbers[first] if line_numbers else first + 1
     raise ValueError(
-        f'Line {first + 1} has {len(ids[first])}{more[first]} tokens, more '
+        f'Line {number} has {len(ids[first])}{more[first]} tokens, more '
         f'than the model maximum {max_length}; shorten it or drop '
         '--on-too-long=error to truncate.')
   width = _round_up(max(1, max((min(len(r), max_length) for r in ids),
@@ -82,6 +88,50 @@ def encode_sources(source_tok: Tokenizer, sentences: Sequence[str],
       row[-1] = source_tok.eos_id
     rows[i, :len(row)] = row
   return rows, too_long
+
+
+def source_batch(source_tok: Tokenizer, sentences: Sequence[str],
+                 line_numbers: Sequence[int], *, batch_size: int,
+                 max_source_length: int, on_too_long: str = 'truncate',
+                 warn=print) -> np.ndarray:
+  """[batch_size, width] int32 source rows of `sentences` (at most
+  batch_size), all-padding rows after them; a truncated sentence is named
+  by its number in `line_numbers` through `warn`."""
+  rows, truncated = encode_sources(source_tok, sentences, max_source_length,
+                                   on_too_long, line_numbers)
+  for i in truncated:
+    warn(f'warning: line {line_numbers[i]} is longer than '
+         f'{max_source_length} tokens and was truncated.')
+  padded = np.full((batch_size, rows.shape[1]), source_tok.pad_id, np.int32)
+  padded[:len(rows)] = rows
+  return padded
+
+
+def decode_rows(params, model_config: ModelConfig, rows: np.ndarray, *,
+                beam_size: int, alpha: float, max_extra_len: int,
+                batch_parts: int | None = None,
+                device: jax.Device | None = None) -> np.ndarray:
+  """Best tokens [batch, length] of source rows [batch, s], decoding up to
+  max_extra_len tokens beyond the batch's longest source (rounded up to a
+  multiple of 16), so the batch alone decides its program; on `device`
+  (where `params` are) if given."""
+  longest = int((rows != model_config.pad_id).sum(1).max(initial=0))
+  decode_len = search.decode_length(longest, max_extra_len,
+                                    model_config.max_len, multiple=16)
+  if device is not None:
+    rows = jax.device_put(rows, device)
+  return np.asarray(decode_tokens(params, model_config, rows,
+                                  beam_size=beam_size, alpha=alpha,
+                                  max_decode_len=decode_len,
+                                  batch_parts=batch_parts))
+
+
+def texts_of(target_tok: Tokenizer, tokens: np.ndarray,
+             sentences: Sequence[str]) -> list[str]:
+  """The translations of `sentences` from their rows of `tokens`; an empty
+  sentence's is empty."""
+  return [target_tok.decode(t) if s.strip() else ''
+          for t, s in zip(tokens[:len(sentences)], sentences)]
 
 
 def translate(params, model_config: ModelConfig, source_tok: Tokenizer,
@@ -102,22 +152,14 @@ def translate(params, model_config: ModelConfig, source_tok: Tokenizer,
   line = 0
 
   def flush(batch):
-    rows, truncated = encode_sources(source_tok, batch, max_source_length,
-                                     on_too_long)
-    for i in truncated:
-      warn(f'warning: line {line - len(batch) + i + 1} is longer than '
-           f'{max_source_length} tokens and was truncated.')
-    padded = np.full((batch_size, rows.shape[1]), model_config.pad_id,
-                     np.int32)
-    padded[:len(rows)] = rows
-    longest = int((rows != model_config.pad_id).sum(1).max(initial=0))
-    decode_len = search.decode_length(longest, max_extra_len,
-                                      model_config.max_len, multiple=16)
-    tokens = np.asarray(decode_tokens(params, model_config, padded,
-                                      beam_size=beam_size, alpha=alpha,
-                                      max_decode_len=decode_len))
-    return [target_tok.decode(t) if s.strip() else ''
-            for t, s in zip(tokens[:len(batch)], batch)]
+    rows = source_batch(source_tok, batch,
+                        range(line - len(batch) + 1, line + 1),
+                        batch_size=batch_size,
+                        max_source_length=max_source_length,
+                        on_too_long=on_too_long, warn=warn)
+    tokens = decode_rows(params, model_config, rows, beam_size=beam_size,
+                         alpha=alpha, max_extra_len=max_extra_len)
+    return texts_of(target_tok, tokens, batch)
 
   for sentence in sentences:
     batch.append(sentence.rstrip('\n'))

@@ -88,6 +88,27 @@ def from_every_process(name: str, value: str, timeout_seconds: float,
       key, int(timeout_seconds * 1000)), pattern) for key in keys]
 
 
+def post(name: str, value: str) -> None:
+  """Sets this process's `value` of `name` (replacing its last one), for
+  the others to read with `posted` whenever they look; alone: nothing."""
+  if _several():
+    _client().key_value_set(f'jaxformer/{name}/{jax.process_index()}', value,
+                            allow_overwrite=True)
+
+
+def posted(name: str, pattern: str) -> dict[int, str]:
+  """{process: value} of the processes that posted `name` so far (values
+  not matching `pattern` are refused); alone: {}. Does not wait."""
+  if not _several():
+    return {}
+  found = {}
+  for key, value in _client().key_value_dir_get(f'jaxformer/{name}/'):
+    process = key.rsplit('/', 1)[-1]
+    if re.fullmatch('[0-9]{1,6}', process):
+      found[int(process)] = checked(key, value, pattern)
+  return found
+
+
 class NotSharedError(RuntimeError):
   """The processes of a run see different workdirs."""
 

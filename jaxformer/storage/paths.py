@@ -15,9 +15,12 @@ request out of retries) are silenced unless JAXFORMER_DEBUG is set.
 """
 from __future__ import annotations
 
+import contextlib
+import glob
 import logging
 import os
 import re
+import tempfile
 import time
 
 import fsspec
@@ -169,6 +172,59 @@ def memory_map_npy(path: str | os.PathLike):
 
 def rename(source: str | os.PathLike, target: str | os.PathLike) -> None:
   epath.Path(source).rename(target)
+
+
+def remove(path: str | os.PathLike) -> None:
+  """Removes the file `path` (nothing to do when there is none)."""
+  epath.Path(path).unlink(missing_ok=True)
+
+
+def remove_tree(path: str | os.PathLike) -> None:
+  """Removes the directory `path` and everything below it, if it exists."""
+  epath.Path(path).rmtree(missing_ok=True)
+
+
+WILDCARDS = '*?['
+
+
+def matching_files(pattern: str) -> list[str]:
+  """The files `pattern` names, sorted: itself when it has no wildcard
+  (*, ?, [...]) or exists as named, else the files it matches (local, or
+  remote through the storage client's glob)."""
+  if not any(c in pattern for c in WILDCARDS) or exists(pattern):
+    return [pattern]
+  if not is_remote(pattern):
+    return sorted(p for p in glob.glob(pattern) if os.path.isfile(p))
+  filesystem, name = fsspec.core.url_to_fs(pattern)
+  scheme = pattern.split('://', 1)[0]
+  return sorted(f'{scheme}://{match}' for match in filesystem.glob(name)
+                if filesystem.isfile(match))
+
+
+@contextlib.contextmanager
+def replacing(path: str | os.PathLike):
+  """A binary stream whose bytes replace `path` whole once the block ends
+  without an error; after an error `path` is as it was. Written to a local
+  temporary file first: renamed over `path` (local), or uploaded as one
+  object (remote)."""
+  path = os.fspath(path)
+  remote = is_remote(path)
+  if not remote:
+    make_dirs(parent(path))
+  handle, temporary = tempfile.mkstemp(
+      prefix='.' + os.path.basename(path) + '.',
+      dir=None if remote else parent(path))
+  try:
+    with os.fdopen(handle, 'wb') as f:
+      yield f
+    if remote:
+      filesystem, name = fsspec.core.url_to_fs(path)
+      filesystem.put_file(temporary, name)
+    else:
+      os.replace(temporary, path)
+  finally:
+    if os.path.exists(temporary):
+      os.remove(temporary)
 
 
 PART_RECORDS = 64  # appends per object of a remote appendable file

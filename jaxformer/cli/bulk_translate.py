@@ -1,0 +1,66 @@
+"""`jaxformer translate --input FILES --output OUT`: a corpus translated
+into one file by every process of a run (inference/bulk.py), which joins
+the distributed runtime as `jaxformer train` does (the `distributed.*`
+settings, launch/local.sh's variables, a pod's own)."""
+import signal
+import sys
+
+
+def distributed_settings(overrides):
+  """The `distributed` settings: the defaults with --config.distributed.*
+  (the saved config's are its training's cluster, not this one)."""
+  from jaxformer.config import settings as config_lib
+  chosen = [o for o in overrides if o.removeprefix('--config.').startswith(
+      'distributed.')]
+  return config_lib.with_overrides(config_lib.default_config(),
+                                   chosen).distributed
+
+
+def cmd_translate_file(args, overrides) -> int:
+  """Every process translates its share; process 0 writes --output. SIGTERM
+  (in any process) commits what is done and ends every process with 0."""
+  import jax
+  from jaxformer.cli import model_commands
+  from jaxformer.inference import bulk
+  from jaxformer.parallel import cluster, peers
+  if not args.input:
+    raise ValueError('--output needs --input FILE_OR_GLOB: every process '
+                     'reads the input itself, which stdin cannot give them.')
+  stop = bulk.Stop()
+
+  def request_stop(signum, frame):
+    del frame
+    stop.request(signal.Signals(signum).name)
+
+  previous = signal.signal(signal.SIGTERM, request_stop)
+  try:
+    settings = distributed_settings(overrides)
+    cluster.initialize_distributed(settings)
+    # The runtime's preemption notifier took SIGTERM: this command stops
+    # each process on its own, and tells the others (bulk.Stop).
+    signal.signal(signal.SIGTERM, request_stop)
+    peers.watch_peers(settings.heartbeat_timeout)
+    files = model_commands.input_files(args.input)
+    model = model_commands.load_translator(args, overrides)
+    beam, alpha, extra = model_commands.decode_choices(args, model.config)
+    status, progress = bulk.translate_corpus(
+        model, files, args.output, bulk.Settings(
+            batch_size=args.batch_size, chunk_batches=args.chunk_batches,
+            beam_size=beam, alpha=alpha, max_extra_len=extra,
+            max_source_length=model.config.data.max_source_length,
+            on_too_long=args.on_too_long, invalid_utf8=args.invalid_utf8),
+        dict(model=args.workdir, step=model.step), stop)
+  finally:
+    signal.signal(signal.SIGTERM, previous)
+  if jax.process_index() == 0:
+    processes, devices = jax.process_count(), jax.local_device_count()
+    layout = (f'{processes} process{"es" * (processes > 1)} x {devices} '
+              f'device{"s" * (devices > 1)}')
+    if status == 'done':
+      print(f'translate: {progress} ({layout}); wrote {args.output}',
+            file=sys.stderr, flush=True)
+    else:
+      print(f'translate: stopped ({stop.reason}) at {progress}; committed '
+            f'chunks are in {args.output}.parts: run the same command again '
+            'to finish.', file=sys.stderr, flush=True)
+  return 0
