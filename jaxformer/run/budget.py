@@ -125,7 +125,7 @@ class ScheduleOverBudget:
     train = self.train
     if not (train.max_minutes and train.schedule_over_budget):
       return None
-    self._base = (start_step, 0.0)
+    self._base = (start_step, self.budget.seconds)
     self.entries = [e for e in read_plan(self.workdir, train.warmup_steps)
                     if e['step'] <= start_step]
     if self.entries:
