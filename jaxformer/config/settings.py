@@ -56,7 +56,8 @@ def default_config() -> ml_collections.ConfigDict:
       peak_flops=0.0,  # FLOP/s of one device for MFU; 0: measure at start
       max_minutes=0.0,  # wall-clock budget (from the start); 0: none
       # With max_minutes and warmup_cosine: at the end of warm-up, fix
-      # num_steps to what the budget allows (saved in the workdir).
+      # num_steps to what the budget allows, re-planned as the speed changes
+      # (recorded in the workdir; docs/data.md).
       schedule_over_budget=False,
   ))
   c.mesh = ml_collections.ConfigDict(dict(
