@@ -230,9 +230,9 @@ class Trainer:
     writer = MetricsWriter(self.workdir, enabled=self.is_main)
     over_budget = budget_lib.ScheduleOverBudget(
         self.budget, self.config.train, self.workdir, self.log)
-    fixed = over_budget.start(start_step)
-    if fixed is not None:
-      self.spec = self.spec.with_num_steps(fixed)
+    plan = over_budget.start(start_step)
+    if plan:
+      self.spec = self.spec.with_plan(plan)
     train = self.config.train
     seconds_left = (self.budget.wall_seconds_left if train.max_minutes
                     else None)
@@ -297,14 +297,14 @@ class Trainer:
     loop.progress.update(step, loop.final)
 
   def _measure_budget(self, step: int, last: bool, loop: Loop) -> bool:
-    """At a log boundary: whether the budget fixed the step count now (the
-    schedule and optimizer follow it)."""
-    num_steps = loop.over_budget.at_boundary(step, last)
-    if num_steps is None:
+    """At a log boundary: whether the budget (re-)planned the step count now
+    (the schedule and optimizer follow it)."""
+    plan = loop.over_budget.at_boundary(step, last)
+    if plan is None:
       return False
-    self.spec = self.spec.with_num_steps(num_steps)
+    self.spec = self.spec.with_plan(plan)
     loop.progress.close()
-    loop.progress = Progress(num_steps, step, enabled=self.is_main,
+    loop.progress = Progress(plan[-1][1], step, enabled=self.is_main,
                              seconds_left=loop.seconds_left)
     return True
 

@@ -100,6 +100,9 @@ class RunSpec:
   model_config: model_config_lib.ModelConfig
   task: Task
   mesh: jax.sharding.Mesh
+  # (step, num_steps), ...: where warmup_cosine decays when a budget plans
+  # it (`schedules.replanned_cosine_schedule`); (): to train.num_steps.
+  plan: tuple[tuple[int, int], ...] = ()
 
   @classmethod
   def build(cls, config: ml_collections.ConfigDict, mesh: jax.sharding.Mesh,
@@ -122,10 +125,17 @@ class RunSpec:
     config.train.num_steps = num_steps
     return dataclasses.replace(self, config=config)
 
+  def with_plan(self, plan: Sequence[tuple[int, int]]) -> 'RunSpec':
+    """The run to the last num_steps of a budget's `plan`, its schedule
+    decaying as the plan says (`run/budget.py`)."""
+    return dataclasses.replace(self.with_num_steps(plan[-1][1]),
+                               plan=tuple(map(tuple, plan)))
+
   @functools.cached_property
   def schedule(self) -> optax.Schedule:
-    """The learning rate by step (`train.schedule`)."""
-    return schedules.make_schedule(self.config.train, self.model_config.d_model)
+    """The learning rate by step (`train.schedule`, over `plan` if any)."""
+    return schedules.make_schedule(self.config.train, self.model_config.d_model,
+                                   self.plan)
 
   @functools.cached_property
   def tx(self) -> optax.GradientTransformation:
