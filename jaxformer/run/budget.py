@@ -156,7 +156,10 @@ class ScheduleOverBudget:
       return self._replan(step, 0.0) if step == self.measure_at else None
     passed = [f for f in self.REPLAN_AT
               if self.entries[-1]['at'] < f <= self._reached(step)]
-    return self._replan(step, passed[-1]) if passed else None
+    at = passed[-1] if passed else -1.0
+    if jax.process_count() > 1:  # Process 0's clock decides, for all.
+      at = float(multihost_utils.broadcast_one_to_all(np.float32(at)))
+    return self._replan(step, at) if at >= 0 else None
 
   def _reached(self, step: int) -> float:
     """The larger of the budget's time and the decay's progress passed."""
