@@ -156,10 +156,10 @@ class ScheduleOverBudget:
       return self._replan(step, 0.0) if step == self.measure_at else None
     passed = [f for f in self.REPLAN_AT
               if self.entries[-1]['at'] < f <= self._reached(step)]
-    at = passed[-1] if passed else -1.0
+    index = self.REPLAN_AT.index(passed[-1]) if passed else -1
     if jax.process_count() > 1:  # Process 0's clock decides, for all.
-      at = float(multihost_utils.broadcast_one_to_all(np.float32(at)))
-    return self._replan(step, at) if at >= 0 else None
+      index = int(multihost_utils.broadcast_one_to_all(np.int32(index)))
+    return self._replan(step, self.REPLAN_AT[index]) if index >= 0 else None
 
   def _reached(self, step: int) -> float:
     """The larger of the budget's time and the decay's progress passed."""
