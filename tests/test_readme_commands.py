@@ -10,7 +10,7 @@ import shutil
 
 import pytest
 
-from jaxformer.checkpoints import manager as checkpoint_lib
+from jaxformer.config import resume
 from jaxformer.cli import arguments
 from jaxformer.cli import main as cli
 from jaxformer.config import settings
@@ -57,9 +57,9 @@ def test_a_run_saved_with_relative_paths_still_resumes(tmp_path, monkeypatch):
   monkeypatch.chdir(tmp_path)
   saved = {'data': {'text': {'train': 'train.txt'}}}
   now = {'data': {'text': {'train': str(tmp_path / 'train.txt')}}}
-  assert checkpoint_lib.incompatible_keys(saved, now) == []
+  assert resume.incompatible_keys(saved, now) == []
   moved = {'data': {'text': {'train': str(tmp_path / 'other.txt')}}}
-  assert checkpoint_lib.incompatible_keys(saved, moved) == ['data.text.train']
+  assert resume.incompatible_keys(saved, moved) == ['data.text.train']
 
 
 # ------------------------------------------------ the commands, end to end
