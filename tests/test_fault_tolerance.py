@@ -22,6 +22,7 @@ from jaxformer.config.settings import load_config
 from jaxformer.run.log_window import NonFiniteLossError
 from jaxformer.run.trainer import Trainer
 from jaxformer.run.metrics import read_metrics
+from jaxformer.run import goodput
 
 CONFIG = str(pathlib.Path(__file__).resolve().parents[1] / 'configs'
              / 'quickstart.py') + ':runlocal'
@@ -29,7 +30,8 @@ NUM_STEPS = 40
 OVERRIDES = (f'train.num_steps={NUM_STEPS}', 'train.log_every=1',
              'train.peak_flops=1e9', 'checkpoint.every=10', 'eval.every=0',
              'eval.final_split=', 'eval.bleu_examples=0', 'eval.num_batches=1')
-TIMING_KEYS = ('tokens_per_second', 'step_time', 'mfu')
+# Wall-clock measurements, which differ between equal runs.
+TIMING_KEYS = ('tokens_per_second', 'step_time', 'mfu', *goodput.FIELDS)
 
 
 def numbers(records: list[dict]) -> list[dict]:

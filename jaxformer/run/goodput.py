@@ -22,6 +22,9 @@ from jaxformer.storage import paths
 
 RECORD_FILE = 'goodput.json'
 CAUSES = ('startup', 'compile', 'input', 'checkpoint', 'eval', 'restarts')
+# The metrics' fields of wall-clock time (they differ between equal runs).
+FIELDS = (*(f'time_{cause}' for cause in CAUSES), 'time_train', 'time_wall',
+          'goodput')
 KEPT_SAVES = 50  # Step save times kept in the record.
 
 
@@ -71,8 +74,10 @@ class Record:
 class Goodput:
   """The seconds of a run by cause; created where the run starts."""
 
-  def __init__(self, workdir: str):
-    self.start = time.monotonic()
+  def __init__(self, workdir: str, start: float):
+    """start: time.monotonic() when the run started (before the
+    distributed runtime, which must start before any other JAX call)."""
+    self.start = start
     self.seconds = dict.fromkeys(CAUSES, 0.0)
     self.record = Record(workdir, jax.process_index() == 0)
     self._loop_start = None

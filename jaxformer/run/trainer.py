@@ -12,6 +12,7 @@ boundary, `_log`, `_measure_budget`, `_evaluate_and_save` and `_ends`.
 """
 import dataclasses
 import functools
+import time
 from collections.abc import Iterator
 
 import jax
@@ -67,8 +68,9 @@ class Trainer:
                devices=None):
     """`devices`: the mesh's devices in order (default: all, as
     `jax.make_mesh` orders them)."""
-    self.goodput = goodput_lib.Goodput(workdir)
+    start = time.monotonic()
     cluster.initialize_distributed(config.distributed)
+    self.goodput = goodput_lib.Goodput(workdir, start)
     self.devices = devices
     # Seconds, not the hour that the others would wait for process 0's files.
     peers.check_shared_workdir(workdir)
