@@ -16,11 +16,12 @@ def distributed_settings(overrides):
                                    chosen).distributed
 
 
-def cmd_translate_file(args, overrides) -> int:
+def cmd_translate_file(args, overrides, load) -> int:
   """Every process translates its share; process 0 writes --output. SIGTERM
-  (in any process) commits what is done and ends every process with 0."""
+  (in any process) commits what is done and ends every process with 0.
+  load(args, overrides) -> (input files, model, (beam, alpha, extra)):
+  called once the distributed runtime is up."""
   import jax
-  from jaxformer.cli import model_commands
   from jaxformer.inference import bulk
   from jaxformer.parallel import cluster, peers
   if not args.input:
@@ -40,9 +41,7 @@ def cmd_translate_file(args, overrides) -> int:
     # each process on its own, and tells the others (bulk.Stop).
     signal.signal(signal.SIGTERM, request_stop)
     peers.watch_peers(settings.heartbeat_timeout)
-    files = model_commands.input_files(args.input)
-    model = model_commands.load_translator(args, overrides)
-    beam, alpha, extra = model_commands.decode_choices(args, model.config)
+    files, model, (beam, alpha, extra) = load(args, overrides)
     status, progress = bulk.translate_corpus(
         model, files, args.output, bulk.Settings(
             batch_size=args.batch_size, chunk_batches=args.chunk_batches,

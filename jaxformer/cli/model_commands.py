@@ -84,10 +84,17 @@ def decode_choices(args, config) -> tuple[int, float, int]:
           pick(args.max_extra_len, config.decode.max_extra_len))
 
 
+def _load_for_bulk(args, overrides):
+  files = input_files(args.input)  # A bad glob fails before the model loads.
+  model = load_translator(args, overrides)
+  return files, model, decode_choices(args, model.config)
+
+
 def cmd_translate(args, overrides) -> int:
   if args.output:
     from jaxformer.cli import bulk_translate
-    return bulk_translate.cmd_translate_file(args, overrides)
+    return bulk_translate.cmd_translate_file(args, overrides,
+                                             _load_for_bulk)
   from jaxformer.inference import evaluate
   model = load_translator(args, overrides)
   config = model.config
