@@ -58,9 +58,21 @@ class Imported:
         0, self.config.vocab_size, (3, 14))
 
 
+_IMPORTS = {}  # One import per shape for the module, whichever test asks.
+
+
 @pytest.fixture(scope='module', params=sorted(llama_folders.SHAPES))
 def imported(request, tmp_path_factory):
-  return Imported(tmp_path_factory.mktemp('llama'), request.param)
+  if request.param not in _IMPORTS:
+    _IMPORTS[request.param] = Imported(tmp_path_factory.mktemp('llama'),
+                                       request.param)
+  return _IMPORTS[request.param]
+
+
+def shapes_where(test) -> list[str]:
+  """The shapes whose (config arguments, how saved) pass `test`."""
+  return [name for name, (_, _, arguments, saved) in sorted(
+      llama_folders.SHAPES.items()) if test(arguments, saved)]
 
 
 def test_the_import_has_the_folders_options(imported):
@@ -129,9 +141,10 @@ def test_the_tokenizer_travels_in_the_export(imported):
   assert imported.tokenizer.encode(texts) == hf_tok(texts)['input_ids']
 
 
+@pytest.mark.parametrize(
+    'imported', shapes_where(lambda _, saved: saved.get('bf16')),
+    indirect=True)
 def test_bfloat16_weights_import_exactly_as_float32(imported):
-  if not llama_folders.SHAPES[imported.name][3].get('bf16'):
-    pytest.skip('saved in float32')
   theirs = imported.hf.state_dict()['model.embed_tokens.weight'].numpy()
   ours = np.asarray(imported.ours.params['embed']['embedding'])
   np.testing.assert_array_equal(ours, theirs)  # Widened from bfloat16.
@@ -214,20 +227,21 @@ def test_ct2_generator_greedy_equals_generate_and_int8_runs(
       os.listdir(str(tmp_path / 'int8')))
 
 
+@pytest.mark.parametrize('imported', shapes_where(
+    lambda arguments, _: arguments.get('rope_parameters', {}).get(
+        'rope_type') == 'llama3'), indirect=True)
 def test_llama3_scaling_changes_what_the_tests_compare(imported):
   """Without the llama3 factor the greedy ids differ: the equalities
   above hold only with the scaling written and read."""
-  if imported.config.rope_scaling != 'llama3':
-    pytest.skip('no llama3 scaling')
   unscaled = imported.config.replace(rope_scaling_factor=1.0)
   assert llama_folders.our_greedy(
       imported.ours.params, unscaled, imported.prompts, NEW_TOKENS,
       imported.eos_ids) != imported.greedy
 
 
+@pytest.mark.parametrize('imported', sorted(llama_folders.SHAPES)[:1],
+                         indirect=True)
 def test_a_sharded_export_loads(imported, tmp_path):
-  if imported.name != sorted(llama_folders.SHAPES)[0]:
-    pytest.skip('one shape is enough')
   out = hf_llama.export(imported.ours, str(tmp_path / 'sharded'),
                         max_shard_bytes=30_000)
   assert 'model.safetensors.index.json' in os.listdir(out)
