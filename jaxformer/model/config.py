@@ -17,7 +17,7 @@ CHOICES = {
     'activation': ('relu', 'gelu', 'gelu_exact', 'swish', 'swiglu', 'geglu'),
     'position_embedding': ('sinusoidal', 'learned', 'rope'),
     'rope_scaling': ('none', 'linear', 'llama3'),
-    'sinusoid_layout': ('interleaved', 'halves'),
+    'sinusoid_layout': ('interleaved', 'halves', 'tensor2tensor'),
     'dtype': ('float32', 'bfloat16', 'auto'),
     'attention_impl': ATTENTION_IMPLS,
     'pooling': ('first', 'mean'),
@@ -53,8 +53,13 @@ class ModelConfig:
     attention; 1 is multi-query attention); 0 means num_heads.
   head_dim: features of each head; 0 means d_model // num_heads.
   sinusoid_layout: 'interleaved' (the paper: sin at even features, cos at
-    odd ones) or 'halves' (Marian: sin in the first half, cos in the second).
-    Positions count from 0 in both.
+    odd ones), 'halves' (Marian: sin in the first half, cos in the second)
+    or 'tensor2tensor' (halves, with the periods spread over d/2 - 1 steps
+    instead of d/2: tensor2tensor's timing signal, kept by fairseq and
+    M2M100).
+  position_offset: added to every position before the lookup of sinusoidal
+    or learned positions (RoBERTa and M2M100 count from padding_idx + 1 =
+    2); a learned table has max_len + position_offset rows.
   scale_embedding: multiply token embeddings by sqrt(d_model).
   use_bias: biases on the projections of attention and the FFN (the key
     projection has one only with rope, the one case it counts: otherwise it
@@ -95,6 +100,7 @@ class ModelConfig:
   activation: str = 'relu'
   position_embedding: str = 'sinusoidal'
   sinusoid_layout: str = 'interleaved'
+  position_offset: int = 0
   rope_theta: float = 10000.0
   rope_scaling: str = 'none'
   rope_scaling_factor: float = 1.0
@@ -131,6 +137,9 @@ class ModelConfig:
       if getattr(self, key) not in allowed:
         raise ValueError(
             f'model.{key}={getattr(self, key)!r} is not one of {allowed}.')
+    if self.position_offset < 0:
+      raise ValueError(f'model.position_offset={self.position_offset} must '
+                       'be 0 or more.')
     if not self.head_dim and self.d_model % self.num_heads:
       raise ValueError(
           f'model.d_model={self.d_model} must be divisible by '

@@ -18,12 +18,19 @@ def sinusoidal_positions(max_len: int, d_model: int,
   """The sinusoid table, angles pos / 10000^(2i/d_model) for positions
   0..max_len-1. 'interleaved' (the paper): PE[pos, 2i] = sin, PE[pos, 2i+1]
   = cos; 'halves' (Marian): the ceil(d/2) sines, then the floor(d/2)
-  cosines.
+  cosines; 'tensor2tensor': the d/2 sines then the d/2 cosines of angles
+  pos / 10000^(i / (d/2 - 1)), i < d/2.
 
   Returns:
     [max_len, d_model] float32.
   """
   position = np.arange(max_len, dtype=np.float64)[:, None]
+  if layout == 'tensor2tensor':
+    half = d_model // 2
+    i = np.arange(half, dtype=np.float64)[None, :]
+    angle = position / np.power(10000.0, i / max(half - 1, 1))
+    return np.concatenate([np.sin(angle), np.cos(angle)],
+                          axis=1).astype(np.float32)
   two_i = np.arange(0, d_model, 2, dtype=np.float64)[None, :]
   angle = position / np.power(10000.0, two_i / d_model)
   sines, cosines = np.sin(angle), np.cos(angle[:, : d_model // 2])
@@ -99,20 +106,23 @@ class AddPositions(nn.Module):
 
   @nn.compact
   def __call__(self, x: jax.Array, positions: jax.Array) -> jax.Array:
-    """x: [batch, length, d_model]; positions: [batch, length] int."""
+    """x: [batch, length, d_model]; positions: [batch, length] int, from 0
+    (model.position_offset is added here)."""
     cfg = self.config
     if cfg.position_embedding == 'rope':
       return x
+    rows = cfg.max_len + cfg.position_offset
     if cfg.position_embedding == 'sinusoidal':
-      table = jnp.asarray(sinusoidal_positions(cfg.max_len, cfg.d_model,
+      table = jnp.asarray(sinusoidal_positions(rows, cfg.d_model,
                                                cfg.sinusoid_layout))
     else:
       table = self.param(
           'position_embedding',
           nn.with_logical_partitioning(
               nn.initializers.normal(stddev=0.02), (None, 'embed')),
-          (cfg.max_len, cfg.d_model), jnp.float32)
-    return x + jnp.take(table, positions, axis=0).astype(x.dtype)
+          (rows, cfg.d_model), jnp.float32)
+    return x + jnp.take(table, positions + cfg.position_offset,
+                        axis=0).astype(x.dtype)
 
 
 class Linear(nn.Module):

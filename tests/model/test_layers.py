@@ -68,6 +68,29 @@ def test_embedding_is_scaled_by_sqrt_d_model_and_attend_uses_the_table():
   np.testing.assert_allclose(logits[0], want, rtol=1e-5, atol=1e-5)
 
 
+def test_tensor2tensor_sinusoids_spread_periods_over_half_minus_one():
+  table = sinusoidal_positions(9, 8, 'tensor2tensor')
+  for pos in (0, 3, 8):
+    for i in range(4):
+      angle = pos / 10000 ** (i / 3)
+      assert math.isclose(table[pos, i], math.sin(angle), abs_tol=1e-6)
+      assert math.isclose(table[pos, 4 + i], math.cos(angle), abs_tol=1e-6)
+
+
+@pytest.mark.parametrize('kind', ['sinusoidal', 'learned'])
+def test_position_offset_shifts_the_lookup_and_grows_the_table(kind):
+  config = CONFIG.replace(position_embedding=kind, position_offset=2)
+  x = jnp.zeros((1, 3, 32))
+  out, variables = AddPositions(config).init_with_output(
+      jax.random.PRNGKey(0), x, jnp.array([[0, 5, 2]]))
+  if kind == 'learned':
+    table = np.asarray(variables['params']['position_embedding'].unbox())
+  else:
+    table = sinusoidal_positions(66, 32)
+  assert table.shape == (66, 32)
+  np.testing.assert_allclose(out[0], table[[2, 7, 4]])
+
+
 def test_matmuls_are_x_times_each_kernel_transposed():
   kernels = [jax.random.normal(jax.random.PRNGKey(0), (6, 5)),
              jax.random.normal(jax.random.PRNGKey(2), (3, 5))]
