@@ -21,7 +21,7 @@ import pytest
 from jaxformer.cli import main as cli
 from jaxformer.cli import model_commands
 from jaxformer.data import builtin
-from jaxformer.inference import bulk
+from jaxformer.inference import bulk, bulk_decoders
 from jaxformer.inference.chunks import Parts, Plan, length_batches, chunk_name
 from jaxformer.storage import paths
 
@@ -301,10 +301,15 @@ def load(workdir):
       workdir=workdir, checkpoint=None, command='translate'), [])
 
 
-def settings(**changes) -> bulk.Settings:
+def settings(**changes) -> bulk_decoders.TranslateSettings:
   values = dict(batch_size=8, chunk_batches=2, beam_size=1, alpha=0.6,
                 max_extra_len=16, max_source_length=40)
-  return bulk.Settings(**dict(values, **changes))
+  return bulk_decoders.TranslateSettings(**dict(values, **changes))
+
+
+def translate_corpus(model, files, out, settings, stop):
+  return bulk.decode_corpus(bulk_decoders.Translation(model, settings),
+                            files, out, {}, stop)
 
 
 def test_a_stopped_chunk_keeps_its_finished_batches(workdir, corpus,
@@ -315,8 +320,8 @@ def test_a_stopped_chunk_keeps_its_finished_batches(workdir, corpus,
   source, out = tmp_path / 'in.txt', str(tmp_path / 'out.txt')
   source.write_text(''.join(s + '\n' for s in small_corpus(corpus, 20)))
   reference = str(tmp_path / 'reference.txt')
-  assert bulk.translate_corpus(model, [str(source)], reference, settings(),
-                               {}, bulk.Stop())[0] == 'done'
+  assert translate_corpus(model, [str(source)], reference, settings(),
+                          bulk.Stop())[0] == 'done'
   # As a stop after the first batch of chunk 0 leaves it.
   plan = Plan(20, 8, 2)
   parts = Parts(out, plan)
@@ -326,8 +331,8 @@ def test_a_stopped_chunk_keeps_its_finished_batches(workdir, corpus,
   assert not parts.commit(0, [first, []], {0: ['kept'] * 8})
   assert sorted(os.listdir(parts.directory)) == [
       'chunk-00000000.partial.json', 'manifest.json']
-  status, progress = bulk.translate_corpus(model, [str(source)], out,
-                                           settings(), {}, bulk.Stop())
+  status, progress = translate_corpus(model, [str(source)], out,
+                                      settings(), bulk.Stop())
   assert status == 'done' and progress.startswith('20/20 lines (100%)')
   expected = open(reference).read().split('\n')
   for i in first:
@@ -343,20 +348,18 @@ def test_parts_of_another_translation_are_not_mixed_in(workdir, corpus,
   source.write_text(''.join(s + '\n' for s in small_corpus(corpus, 20)))
   stopped = bulk.Stop()
   stopped.request('SIGTERM')  # Before anything is decoded.
-  assert bulk.translate_corpus(model, [str(source)], out, settings(), {},
-                               stopped)[0] == 'stopped'
+  assert translate_corpus(model, [str(source)], out, settings(),
+                          stopped)[0] == 'stopped'
   assert os.listdir(out + '.parts') == ['manifest.json']
   # A manifest alone gives way to other settings; one with chunks does not.
-  assert bulk.translate_corpus(model, [str(source)], out,
-                               settings(batch_size=4), {},
-                               stopped)[0] == 'stopped'
+  assert translate_corpus(model, [str(source)], out,
+                          settings(batch_size=4), stopped)[0] == 'stopped'
   assert Parts(out, Plan(20, 4, 2)).commit(
       0, [[0, 1, 2, 3], [4, 5, 6, 7]], {0: ['a'] * 4, 1: ['b'] * 4})
   with pytest.raises(ValueError, match=r'out.txt.parts holds the parts of '
-                     r'another translation \(batch_size: 4 then, 8 now\); '
+                     r'another run \(batch_size: 4 then, 8 now\); '
                      'run that command again to finish it, or remove'):
-    bulk.translate_corpus(model, [str(source)], out, settings(), {},
-                          bulk.Stop())
+    translate_corpus(model, [str(source)], out, settings(), bulk.Stop())
 
 
 def test_chunks_are_cut_from_the_input_alone():

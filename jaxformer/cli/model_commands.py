@@ -84,17 +84,47 @@ def decode_choices(args, config) -> tuple[int, float, int]:
           pick(args.max_extra_len, config.decode.max_extra_len))
 
 
-def _load_for_bulk(args, overrides):
+def _bulk_translation(args, overrides):
+  """(input files, the decoder of `translate --output`, the manifest's
+  words on the model)."""
+  from jaxformer.inference import bulk_decoders as decoders
   files = input_files(args.input)  # A bad glob fails before the model loads.
   model = load_translator(args, overrides)
-  return files, model, decode_choices(args, model.config)
+  beam, alpha, extra = decode_choices(args, model.config)
+  settings = decoders.TranslateSettings(
+      batch_size=args.batch_size, chunk_batches=args.chunk_batches,
+      invalid_utf8=args.invalid_utf8, beam_size=beam, alpha=alpha,
+      max_extra_len=extra,
+      max_source_length=model.config.data.max_source_length,
+      on_too_long=args.on_too_long)
+  return (files, decoders.Translation(model, settings),
+          dict(model=args.workdir, step=model.step))
+
+
+def _bulk_generation(args, overrides):
+  """(input files, the decoder of `generate --output`, the manifest's
+  words on the model)."""
+  from jaxformer.inference import bulk_decoders as decoders
+  if args.num != 1:
+    raise ValueError(f'--num {args.num} with --output: the file holds one '
+                     'continuation per input line; repeat the lines in the '
+                     'input for more.')
+  files = input_files(args.input)
+  model = load_trained(args, overrides)
+  settings = decoders.GenerateSettings(
+      batch_size=args.batch_size, chunk_batches=args.chunk_batches,
+      invalid_utf8=args.invalid_utf8, max_new_tokens=args.max_new_tokens,
+      max_len=args.max_len, temperature=args.temperature, top_k=args.top_k,
+      top_p=args.top_p, seed=args.seed, on_too_long=args.on_too_long,
+      jsonl=args.jsonl)
+  return (files, decoders.Generation(model, settings),
+          dict(model=args.workdir, step=model.step))
 
 
 def cmd_translate(args, overrides) -> int:
   if args.output:
-    from jaxformer.cli import bulk_translate
-    return bulk_translate.cmd_translate_file(args, overrides,
-                                             _load_for_bulk)
+    from jaxformer.cli import bulk_commands
+    return bulk_commands.cmd_bulk(args, overrides, _bulk_translation)
   from jaxformer.inference import evaluate
   model = load_translator(args, overrides)
   config = model.config
@@ -129,6 +159,9 @@ def cmd_generate(args, overrides) -> int:
   from jaxformer.inference import predict
   if args.input and args.prompt is not None:
     raise ValueError('--prompt and --input both give prompts; pass one.')
+  if args.output:
+    from jaxformer.cli import bulk_commands
+    return bulk_commands.cmd_bulk(args, overrides, _bulk_generation)
   model = load_trained(args, overrides)
   prompts = input_lines(args) if args.input else [args.prompt or '']
   for out in predict.generate_lines(
@@ -214,6 +247,17 @@ def add_model_args(p, overrides=True):
                  help='step to use (default: the latest)')
 
 
+def add_output_args(p, what: str, batches: str) -> None:
+  p.add_argument(
+      '--output', type=path, default=None,
+      help=f'write the {what} to this file (local or gs://; .gz: '
+      'compressed), one line per input line, in chunks that every process '
+      'of the run shares out and commits under OUTPUT.parts/; the same '
+      'command resumes a stopped run (default: stdout, as they come)')
+  p.add_argument('--chunk-batches', type=POSITIVE_INT, default=16,
+                 help=f'with --output: batches per committed chunk ({batches})')
+
+
 def add_parsers(commands) -> None:
   """translate, predict, generate, evaluate, attention and curves."""
   translate = commands.add_parser(
@@ -221,15 +265,8 @@ def add_parsers(commands) -> None:
       'or a corpus to --output on every process of a run')
   add_model_args(translate)
   add_input_args(translate, 'source sentences')
-  translate.add_argument(
-      '--output', type=path, default=None,
-      help='write the translations to this file (local or gs://; .gz: '
-      'compressed), one line per input line, in chunks that every process '
-      'of the run shares out and commits under OUTPUT.parts/; the same '
-      'command resumes a stopped run (default: stdout, as they come)')
-  translate.add_argument('--chunk-batches', type=POSITIVE_INT, default=16,
-                         help='with --output: batches per committed chunk '
-                         '(its lines are grouped by length into batches)')
+  add_output_args(translate, 'translations', 'their lines are grouped by '
+                  'length into batches')
   translate.add_argument('--beam', type=POSITIVE_INT, default=None)
   translate.add_argument('--alpha', type=NON_NEGATIVE_FLOAT, default=None)
   translate.add_argument('--max-extra-len', type=NON_NEGATIVE_INT,
@@ -252,6 +289,9 @@ def add_parsers(commands) -> None:
       'sampled), one output line per prompt (--jsonl: JSON objects)')
   add_model_args(generate)
   add_input_args(generate, 'prompts', default='--prompt')
+  add_output_args(generate, 'continuations', 'its prompts are grouped by '
+                  'length into batches; a prompt\'s samples depend on its '
+                  'line number and --seed alone')
   generate.add_argument('--prompt', default=None,
                         help='text to continue (default: the empty text)')
   generate.add_argument('--num', type=POSITIVE_INT, default=1,

@@ -1,13 +1,17 @@
-"""Translating a corpus into one file, on every host at once (`jaxformer
-translate --input FILES --output OUT`).
+"""A corpus decoded into one file, a line of output per line of input, on
+every host at once: `jaxformer translate --input FILES --output OUT` and
+`jaxformer generate --input FILES --output OUT`. This module is the chunk
+engine; what a batch of lines becomes is its `Decoder`'s
+(bulk_decoders.py: translations, continuations).
 
 The work is cut from the input alone, so the file written is the same bytes
 whatever the number of processes and devices:
 - the lines are cut into chunks of `chunk_batches` x `batch_size`
   consecutive lines; inside a chunk they are grouped by length (sorted by
   their number of characters, ties in input order) into batches of
-  `batch_size`, each padded to `batch_size` rows and decoded as far as its
-  own longest source allows (`evaluate.decode_rows`);
+  `batch_size`, each decoded as its lines alone decide (a translation as far
+  as its batch's longest source allows, a sample with keys folded from the
+  line's index);
 - chunk c belongs to process c % process_count;
 - a process decodes each of its batches whole on one of its devices
   (several batches at a time), so the program that decodes a batch depends
@@ -28,13 +32,13 @@ import os
 import sys
 import time
 from collections.abc import Iterable, Iterator, Sequence
+from typing import Any, Protocol
 
 import jax
 import numpy as np
 from flax.core import meta
 
 from jaxformer.data import sources
-from jaxformer.inference import evaluate
 from jaxformer.inference.chunks import Parts, Plan, length_batches
 from jaxformer.parallel import peers
 from jaxformer.storage import paths
@@ -42,22 +46,37 @@ from jaxformer.storage import paths
 # How long a process waits for the others' shares; a process that dies ends
 # the run sooner (the runtime's heartbeats).
 WAIT_SECONDS = 7 * 24 * 3600
-STOP_KEY, PROGRESS_KEY = 'bulk_translate/stop', 'bulk_translate/progress'
+STOP_KEY, PROGRESS_KEY = 'bulk/stop', 'bulk/progress'
 UTF8_FIX = (', or pass --invalid-utf8=replace to replace undecodable bytes '
             'with U+FFFD')
 
 
-@dataclasses.dataclass(frozen=True)
-class Settings:
-  """How a corpus is cut and decoded (see the module's docstring)."""
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class Chunking:
+  """How a corpus is cut (see the module's docstring) and read; a
+  decoder's settings extend it."""
   batch_size: int
   chunk_batches: int
-  beam_size: int
-  alpha: float
-  max_extra_len: int
-  max_source_length: int
-  on_too_long: str = 'truncate'  # or 'error'
   invalid_utf8: str = 'error'  # or 'replace'
+
+
+class Decoder(Protocol):
+  """What a batch of lines becomes (bulk_decoders.py)."""
+  command: str  # Names the progress lines.
+  settings: Chunking  # With the decoder's own; the manifest holds them.
+  params: Any
+
+  def inputs(self, lines: list[str], numbers: list[int]) -> Any:
+    """The batch's inputs, on the host, of `lines` of the input at
+    `numbers` (0-based); called in input order, so warnings come so."""
+
+  def decode(self, params, inputs, device: jax.Device) -> Any:
+    """The batch decoded on `device`, where `params` are (a lane's
+    thread)."""
+
+  def outputs(self, inputs, decoded, lines: list[str]
+              ) -> tuple[list[str], int]:
+    """(an output line for each of `lines`, the new tokens among them)."""
 
 
 def read_lines(files: Sequence[str], invalid_utf8: str = 'error'
@@ -119,10 +138,13 @@ class Stop:
 
 class Progress:
   """Lines and output tokens decoded by every process in this run; process
-  0 prints a line on stderr at most every `every` seconds."""
+  0 prints a line on stderr ('COMMAND: ...') at most every `every`
+  seconds."""
 
-  def __init__(self, total: int, committed: int, every: float = 10.0):
+  def __init__(self, total: int, committed: int, command: str,
+               every: float = 10.0):
     self.total, self.committed, self.every = total, committed, every
+    self.command = command
     self.start = self._printed = time.monotonic()
     self.lines = self.tokens = 0
 
@@ -133,7 +155,7 @@ class Progress:
     if (jax.process_index() == 0
         and time.monotonic() - self._printed >= self.every):
       self._printed = time.monotonic()
-      print(f'translate: {self.line()}', file=sys.stderr, flush=True)
+      print(f'{self.command}: {self.line()}', file=sys.stderr, flush=True)
 
   def counts(self) -> tuple[int, int]:
     """(lines, tokens) decoded in this run by all processes."""
@@ -185,59 +207,45 @@ class Lanes:
     return self.pool.submit(run)
 
 
-def translate_chunk(model, settings: Settings, lanes: Lanes, lines: list[str],
-                    first_line: int, done: dict[int, list[str]], stop: Stop,
-                    progress: Progress) -> tuple[list[list[int]], dict]:
-  """(the chunk's batches, {batch: translations} of those finished: `done`
+def decode_chunk(decoder: Decoder, lanes: Lanes, lines: list[str],
+                 first_line: int, done: dict[int, list[str]], stop: Stop,
+                 progress: Progress) -> tuple[list[list[int]], dict]:
+  """(the chunk's batches, {batch: output lines} of those finished: `done`
   and those decoded now, all of them unless `stop` came first).
   first_line: the chunk's first line's index in the input."""
-  batches = length_batches(lines, settings.batch_size)
+  batches = length_batches(lines, decoder.settings.batch_size)
   done = dict(done)
-
-  def decode(params, rows, device):
-    return evaluate.decode_rows(
-        params, model.model_config, rows, beam_size=settings.beam_size,
-        alpha=settings.alpha, max_extra_len=settings.max_extra_len,
-        batch_parts=1, device=device)
-
   futures = {}
   for b, batch in enumerate(batches):
     if b not in done:
-      rows = evaluate.source_batch(
-          model.source_tok, [lines[i] for i in batch],
-          [first_line + i + 1 for i in batch],
-          batch_size=settings.batch_size,
-          max_source_length=settings.max_source_length,
-          on_too_long=settings.on_too_long, warn=_warn)
-      futures[lanes.submit(b, decode, rows, stop)] = b
+      inputs = decoder.inputs([lines[i] for i in batch],
+                              [first_line + i for i in batch])
+      futures[lanes.submit(b, decoder.decode, inputs, stop)] = b, inputs
   pending = set(futures)
   while pending:
     finished, pending = concurrent.futures.wait(
         pending, timeout=1.0, return_when=concurrent.futures.FIRST_COMPLETED)
     for future in finished:
-      tokens, b = future.result(), futures[future]
-      if tokens is not None:
-        sources_ = [lines[i] for i in batches[b]]
-        done[b] = [t.replace('\r', ' ').replace('\n', ' ') for t in
-                   evaluate.texts_of(model.target_tok, tokens, sources_)]
-        real = [bool(s.strip()) for s in sources_]
-        progress.add(len(sources_), int(
-            (tokens[:len(real)][real] != model.model_config.pad_id).sum()))
+      decoded, (b, inputs) = future.result(), futures[future]
+      if decoded is not None:
+        texts, tokens = decoder.outputs(inputs, decoded,
+                                        [lines[i] for i in batches[b]])
+        done[b] = [t.replace('\r', ' ').replace('\n', ' ') for t in texts]
+        progress.add(len(texts), tokens)
     stop.poll()
   return batches, done
 
 
-def translate_corpus(model, files: Sequence[str], out: str,
-                     settings: Settings, description: dict, stop: Stop
-                     ) -> tuple[str, str]:
-  """Translates the lines of `files` into `out`, this process's share of
-  the chunks (see the module's docstring); every process of the run calls
-  it. `model`: params, model_config, source_tok and target_tok (a
-  checkpoints.trained.Trained); `description`: what else the manifest
-  holds (the model, the settings the command took).
+def decode_corpus(decoder: Decoder, files: Sequence[str], out: str,
+                  description: dict, stop: Stop) -> tuple[str, str]:
+  """Decodes the lines of `files` into `out`, this process's share of the
+  chunks (see the module's docstring); every process of the run calls it.
+  `description`: what else the manifest holds (the model, the settings the
+  command took); the decoder's settings are there too.
 
   Returns ('done' when `out` is written, else 'stopped' with what was done
   committed; the final progress line)."""
+  settings = decoder.settings
   plan = Plan(sum(1 for _ in read_lines(files, settings.invalid_utf8)),
               settings.batch_size, settings.chunk_batches)
   parts = Parts(out, plan)
@@ -247,31 +255,26 @@ def translate_corpus(model, files: Sequence[str], out: str,
       lines=plan.lines, **dataclasses.asdict(settings)))
   mine = [c for c in plan.owned(jax.process_index(), jax.process_count())
           if not parts.committed(c)]
-  progress = Progress(plan.lines, parts.committed_lines())
+  progress = Progress(plan.lines, parts.committed_lines(), decoder.command)
   status = 'stopped' if mine and stop.poll() else 'done'
   if status == 'done' and mine:
-    lanes = Lanes(model.params, jax.local_devices())
+    lanes = Lanes(decoder.params, jax.local_devices())
     for chunk, lines in chunks_of(read_lines(files, settings.invalid_utf8),
                                   plan, mine):
-      batches, done = translate_chunk(
-          model, settings, lanes, lines, plan.lines_of(chunk).start,
+      batches, done = decode_chunk(
+          decoder, lanes, lines, plan.lines_of(chunk).start,
           parts.kept(chunk), stop, progress)
       if (not parts.commit(chunk, batches, done)
           or (chunk != mine[-1] and stop.poll())):
         status = 'stopped'
         break
     lanes.pool.shutdown()
-  statuses = peers.from_every_process('bulk_translate/status', status,
-                                      WAIT_SECONDS, 'done|stopped')
+  statuses = peers.from_every_process('bulk/status', status, WAIT_SECONDS,
+                                      'done|stopped')
   if 'stopped' in statuses:
     stop.poll(every=0)  # Who was stopped, if this process has not heard.
     return 'stopped', progress.line(final=True)
   if jax.process_index() == 0:
     parts.assemble()
-  peers.from_every_process('bulk_translate/assembled', 'ok', WAIT_SECONDS,
-                           'ok')
+  peers.from_every_process('bulk/assembled', 'ok', WAIT_SECONDS, 'ok')
   return 'done', progress.line(final=True)
-
-
-def _warn(text: str) -> None:
-  print(text, file=sys.stderr, flush=True)

@@ -1,11 +1,11 @@
-"""How a corpus to translate is cut into chunks of batches (`Plan`,
+"""How a corpus to decode (bulk.py) is cut into chunks of batches (`Plan`,
 `length_batches`), from the input alone, and where finished chunks are kept
 until they make the output (`Parts`).
 
 `OUT.parts/` holds `manifest.json` (the input and settings the parts belong
-to), `chunk-NNNNNNNN.txt` for each finished chunk (its translations in
+to), `chunk-NNNNNNNN.txt` for each finished chunk (its output lines in
 input order, a line each) and `chunk-NNNNNNNN.partial.json` for a chunk
-stopped part way ({batch: its translations}). Each file is written whole
+stopped part way ({batch: its output lines}). Each file is written whole
 (storage/paths.py), so a process killed at any time leaves only whole
 files; OUT is written from the chunks in one piece, then OUT.parts removed.
 """
@@ -68,7 +68,7 @@ def partial_name(chunk: int) -> str:
 
 
 class Parts:
-  """The `OUT.parts` directory of the translation of `plan` into `out`."""
+  """The `OUT.parts` directory of the outputs of `plan` into `out`."""
 
   def __init__(self, out: str, plan: Plan):
     self.out, self.plan = out, plan
@@ -84,7 +84,7 @@ class Parts:
 
   def check_manifest(self, manifest: dict) -> None:
     """Writes `manifest` (the input and settings of the parts) unless it
-    is there; raises if the directory holds chunks of another translation
+    is there; raises if the directory holds chunks of another run
     (a manifest alone is replaced). Notes which files are there (`look`)."""
     path = self._path(MANIFEST)
     manifest = json.loads(json.dumps(manifest))
@@ -99,7 +99,7 @@ class Parts:
     if changed:
       key = changed[0]
       raise ValueError(
-          f'{self.directory} holds the parts of another translation ({key}: '
+          f'{self.directory} holds the parts of another run ({key}: '
           f'{saved.get(key)!r} then, {manifest.get(key)!r} now); run that '
           f'command again to finish it, or remove {self.directory} to start '
           'over.')
@@ -138,12 +138,12 @@ class Parts:
         paths.write_text(self._path(partial_name(chunk)), json.dumps(
             {str(b): t for b, t in sorted(done.items())}))
       return False
-    translations = [''] * sum(map(len, batches))
+    outputs = [''] * sum(map(len, batches))
     for b, batch in enumerate(batches):
       for i, text in zip(batch, done[b]):
-        translations[i] = text
+        outputs[i] = text
     paths.write_bytes(self._path(chunk_name(chunk)),
-                      ''.join(t + '\n' for t in translations).encode('utf-8'))
+                      ''.join(t + '\n' for t in outputs).encode('utf-8'))
     paths.remove(self._path(partial_name(chunk)))
     return True
 

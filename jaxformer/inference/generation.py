@@ -153,7 +153,8 @@ def generate_ids(params, config: ModelConfig,
                  max_positions: int | None = None,
                  eos_ids: Sequence[int] | None = None,
                  temperature: float = 0.0, top_k: int = 0, top_p: float = 1.0,
-                 seed: int = 0, first_row: int = 0) -> list[list[int]]:
+                 seed: int = 0, first_row: int = 0,
+                 row_ids: Sequence[int] | None = None) -> list[list[int]]:
   """The new tokens of each prompt, up to and including the first of
   `eos_ids`.
 
@@ -167,6 +168,8 @@ def generate_ids(params, config: ModelConfig,
     eos_ids: the ids that end a row (default (config.eos_id,); () never).
     temperature: 0 is greedy; top_k: 0 is off; top_p: 1 is off.
     seed, first_row: the samples' keys (see the module docstring).
+    row_ids: each prompt's index among all prompts, for the keys (default
+      first_row, first_row + 1, ...).
 
   Returns:
     one list of ids per prompt, at most max_new_tokens long.
@@ -198,10 +201,12 @@ def generate_ids(params, config: ModelConfig,
   length = min(positions, _round_up(int(np.max(rest_lengths + padded_limits)),
                                     WIDTH_MULTIPLE))
   eos_ids = (config.eos_id,) if eos_ids is None else tuple(eos_ids)
+  numbers = np.arange(first_row, first_row + rows, dtype=np.int32)
+  if row_ids is not None:
+    numbers[:len(prompts)] = row_ids
   tokens = np.asarray(_generate(
       meta.unbox(params), first, rest, rest_lengths, padded_limits,
-      np.arange(first_row, first_row + rows, dtype=np.int32),
-      jax.random.PRNGKey(seed), np.array(eos_ids, np.int32).reshape(-1),
+      numbers, jax.random.PRNGKey(seed), np.array(eos_ids, np.int32).reshape(-1),
       jnp.float32(temperature), jnp.int32(top_k), jnp.float32(top_p),
       config, length))
   return [until_end(tokens[i, start:start + limit], eos_ids)

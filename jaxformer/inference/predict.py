@@ -93,7 +93,7 @@ def model_inputs(tokenizer: Tokenizer, model_config: ModelConfig,
   return [model_config.decoder_start_id] + tokens
 
 
-def _check_generates(config: ml_collections.ConfigDict) -> None:
+def check_generates(config: ml_collections.ConfigDict) -> None:
   if not get_task(config.task).generates:
     raise ValueError(f'`generate` needs a language_model run; this workdir '
                      f'trained task={config.task!r} (use `jaxformer predict` '
@@ -135,10 +135,10 @@ def _fitted(inputs: list[int], positions: int, cut: bool, number: int,
   return inputs[:positions]
 
 
-def _prompt_batch(tokenizer: Tokenizer, model_config: ModelConfig,
-                  batch: Sequence[tuple[int, int, str]], positions: int,
-                  on_too_long: str, warn: Callable[[str], None]
-                  ) -> tuple[list[list[int]], list[list[int]]]:
+def prompt_batch(tokenizer: Tokenizer, model_config: ModelConfig,
+                 batch: Sequence[tuple[int, int, str]], positions: int,
+                 on_too_long: str, warn: Callable[[str], None]
+                 ) -> tuple[list[list[int]], list[list[int]]]:
   """(the model inputs, the prompt tokens shown with the continuation) of
   (number, copy, text) rows; a too-long prompt is reported at its first
   copy."""
@@ -172,7 +172,7 @@ def generate_lines(params, model_config: ModelConfig,
   jaxformer's own), or after max_new_tokens (None: no bound but the
   positions).
   """
-  _check_generates(config)
+  check_generates(config)
   generation.check_settings(temperature, top_k, top_p)
   positions = generation_positions(model_config, config, max_len,
                                    max_new_tokens)
@@ -181,8 +181,8 @@ def generate_lines(params, model_config: ModelConfig,
           for copy in range(samples))
   done = 0
   while batch := list(itertools.islice(rows, batch_size)):
-    inputs, shown = _prompt_batch(tokenizer, model_config, batch, positions,
-                                  on_too_long, warn)
+    inputs, shown = prompt_batch(tokenizer, model_config, batch, positions,
+                                 on_too_long, warn)
     new = generation.generate_ids(
         params, model_config, inputs, max_new_tokens=max_new_tokens,
         max_positions=positions, eos_ids=eos_ids, temperature=temperature,

@@ -1,7 +1,8 @@
-"""`jaxformer translate --input FILES --output OUT`: a corpus translated
-into one file by every process of a run (inference/bulk.py), which joins
-the distributed runtime as `jaxformer train` does (the `distributed.*`
-settings, launch/local.sh's variables, a pod's own)."""
+"""`jaxformer translate --input FILES --output OUT` and `jaxformer generate
+--input FILES --output OUT`: a corpus decoded into one file by every
+process of a run (inference/bulk.py), which joins the distributed runtime
+as `jaxformer train` does (the `distributed.*` settings, launch/local.sh's
+variables, a pod's own)."""
 import signal
 import sys
 
@@ -16,11 +17,11 @@ def distributed_settings(overrides):
                                    chosen).distributed
 
 
-def cmd_translate_file(args, overrides, load) -> int:
-  """Every process translates its share; process 0 writes --output. SIGTERM
+def cmd_bulk(args, overrides, load) -> int:
+  """Every process decodes its share; process 0 writes --output. SIGTERM
   (in any process) commits what is done and ends every process with 0.
-  load(args, overrides) -> (input files, model, (beam, alpha, extra)):
-  called once the distributed runtime is up."""
+  load(args, overrides) -> (input files, bulk.Decoder, what the manifest
+  says of the model): called once the distributed runtime is up."""
   import jax
   from jaxformer.inference import bulk
   from jaxformer.parallel import cluster, peers
@@ -41,14 +42,9 @@ def cmd_translate_file(args, overrides, load) -> int:
     # each process on its own, and tells the others (bulk.Stop).
     signal.signal(signal.SIGTERM, request_stop)
     peers.watch_peers(settings.heartbeat_timeout)
-    files, model, (beam, alpha, extra) = load(args, overrides)
-    status, progress = bulk.translate_corpus(
-        model, files, args.output, bulk.Settings(
-            batch_size=args.batch_size, chunk_batches=args.chunk_batches,
-            beam_size=beam, alpha=alpha, max_extra_len=extra,
-            max_source_length=model.config.data.max_source_length,
-            on_too_long=args.on_too_long, invalid_utf8=args.invalid_utf8),
-        dict(model=args.workdir, step=model.step), stop)
+    files, decoder, description = load(args, overrides)
+    status, progress = bulk.decode_corpus(decoder, files, args.output,
+                                          description, stop)
   finally:
     signal.signal(signal.SIGTERM, previous)
   if jax.process_index() == 0:
@@ -56,10 +52,10 @@ def cmd_translate_file(args, overrides, load) -> int:
     layout = (f'{processes} process{"es" * (processes > 1)} x {devices} '
               f'device{"s" * (devices > 1)}')
     if status == 'done':
-      print(f'translate: {progress} ({layout}); wrote {args.output}',
+      print(f'{args.command}: {progress} ({layout}); wrote {args.output}',
             file=sys.stderr, flush=True)
     else:
-      print(f'translate: stopped ({stop.reason}) at {progress}; committed '
-            f'chunks are in {args.output}.parts: run the same command again '
-            'to finish.', file=sys.stderr, flush=True)
+      print(f'{args.command}: stopped ({stop.reason}) at {progress}; '
+            f'committed chunks are in {args.output}.parts: run the same '
+            'command again to finish.', file=sys.stderr, flush=True)
   return 0
