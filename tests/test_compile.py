@@ -7,8 +7,11 @@ test is about fitting in HBM, a shrunk model where it is about the logic.
 The fixtures print what `jaxformer compile` prints (`pytest -s` shows it).
 """
 import json
+import math
 
+import jax
 import pytest
+from flax.core import meta
 
 pytest.importorskip(
     'libtpu', reason='libtpu has wheels for Linux x86_64 only; elsewhere '
@@ -147,6 +150,54 @@ def test_custom_calls_are_counted_by_target():
   assert hlo.custom_calls(HLO) == {}
 
 
+# Sends to the Megascale runtime as libtpu compiles them for 2 slices
+# (shortened from the quickstart's train step): a shard whose minor
+# dimension (8 of an attention weight's 128 columns over fsdp=16) the
+# 8 x 128 tiles pad to 128, zeroed by ZeroCrop; small vectors joined into
+# one all-reduce within the slice; a shard the tiles do not pad.
+MEGASCALE = 'frontend_attributes={_xla_megascale_transfer_type="ALL_REDUCE"}'
+CROSS_SLICE = f"""HloModule jit_train_step
+
+ENTRY %main (p0: f32[4,32,8], p1: f32[6020], p2: f32[512,8]) -> f32[] {{
+  %p0 = f32[4,32,8]{{1,2,0:T(8,128)}} parameter(0)
+  %zero-crop = f32[4,128,8]{{1,2,0:T(8,128)}} custom-call(%p0), custom_call_target="ZeroCrop"
+  %bitcast.1 = f32[4,8,128]{{2,1,0:T(8,128)}} bitcast(%zero-crop)
+  %send.1 = (f32[4,8,128]{{2,1,0:T(8,128)}}, u32[], token[]) send(%bitcast.1, %after-all.1), is_host_transfer=true, {MEGASCALE}
+  %p1 = f32[6020]{{0:T(1024)}} parameter(1)
+  %zero-crop.2 = f32[6144]{{0:T(1024)}} custom-call(%p1), custom_call_target="ZeroCrop"
+  %bitcast.2 = f32[6,8,128]{{2,1,0:T(8,128)}} bitcast(%zero-crop.2)
+  %all-reduce.2 = (f32[6,8,128]{{2,1,0:T(8,128)}}, f32[16]{{0}}) all-reduce(%bitcast.2, %p1), replica_groups={{{{0,1}}}}
+  %get-tuple-element.2 = f32[6,8,128]{{2,1,0:T(8,128)}} get-tuple-element(%all-reduce.2), index=0
+  %send.2 = (f32[6,8,128]{{2,1,0:T(8,128)}}, u32[], token[]) send(%get-tuple-element.2, %after-all.2), is_host_transfer=true, {MEGASCALE}
+  %recv.2 = (f32[6,8,128]{{2,1,0:T(8,128)}}, u32[], token[]) recv(%after-all.2), is_host_transfer=true, {MEGASCALE}
+  %p2 = f32[512,8]{{0,1:T(8,128)}} parameter(2)
+  %bitcast.3 = f32[4,8,128]{{2,1,0:T(8,128)}} bitcast(%p2)
+  %send.3 = (f32[4,8,128]{{2,1,0:T(8,128)}}, u32[], token[]) send(%bitcast.3, %after-all.3), is_host_transfer=true, {MEGASCALE}
+  ROOT %r = f32[] constant(0)
+}}
+"""
+
+
+def test_cross_slice_sends_count_their_padding_apart():
+  """`bytes` is what the sends carry, tile padding included; `data_bytes`
+  the values (docs/pods.md, "More than one slice")."""
+  assert hlo.cross_slice_stats(CROSS_SLICE) == {'all-reduce': {
+      'count': 3, 'bytes': 4 * (4096 + 6144 + 4096),
+      'data_bytes': 4 * (1024 + 6020 + 4096)}}
+  line = report_lib.format_program({
+      'program': 'train', 'kind': 'train', 'compile_seconds': 1.0,
+      'memory_gib': dict.fromkeys(('arguments', 'outputs', 'aliased', 'code',
+                                   'temporaries', 'total'), 0.0),
+      'hbm_gib': 16, 'fits': True, 'collectives': hlo.collective_stats(''),
+      'cross_slice': hlo.cross_slice_stats(CROSS_SLICE),
+      'loops_of_unknown_trip_count': 0, 'custom_calls': {},
+      'output_layer': hlo.output_layer(''), 'flops_per_device': 0.0,
+      'estimated_seconds': None, 'mfu': None,
+      'model_flops_per_device': None, 'loops_undercounted': False})
+  assert 'across slices (DCN) per step: all-reduce 3 (0.1 MiB sent, ' in line
+  assert 'MiB of values, the rest tile padding)' in line
+
+
 def test_shape_bytes():
   assert hlo.shape_bytes('bf16[8,128]{1,0:T(8,128)(2,1)}') == 2048
   assert hlo.shape_bytes('(f32[2]{0}, s32[], pred[3])') == 8 + 4 + 3
@@ -277,6 +328,35 @@ def test_tensor_parallel_layout_compiles_every_program(tensor_parallel):
     # Partial sums of split matmuls are all-reduced over `tensor`.
     assert program['collectives']['all-reduce']['count'] >= 1
   assert _program(tensor_parallel, 'train')['model_flops_per_device'] > 0
+
+
+def gradient_bytes_per_chip(run) -> int:
+  """The float32 bytes of the parameters one chip holds."""
+  abstract, shardings = run.state_layout
+  leaves = jax.tree.leaves(meta.unbox(abstract.params))
+  layouts = jax.tree.leaves(
+      meta.unbox(shardings.params),
+      is_leaf=lambda x: isinstance(x, jax.sharding.Sharding))
+  return sum(4 * math.prod(s.shard_shape(x.shape))
+             for x, s in zip(leaves, layouts))
+
+
+@pytest.mark.slow
+def test_two_slices_send_the_gradient_once_in_padded_tiles():
+  """The quickstart's step over 2 x v5e-16, FSDP within each slice: only
+  all-reduces cross slices, of about one gradient's values (the tied
+  embedding's three parts cross apart), in tiles that pad the small
+  shards (docs/pods.md, "More than one slice")."""
+  config = load_config('configs/quickstart.py', [
+      '--config.mesh.dcn_data=2', '--config.mesh.fsdp=-1',
+      '--config.mesh.data=1'])
+  report = compile_run(config, 'v5e-16', kinds=('train',), num_slices=2)
+  [sent] = [p['cross_slice'] for p in report['programs']]
+  assert set(sent) == {'all-reduce'}
+  devices = topology_lib.topology_devices(topology_lib.topology('v5e-16', 2))
+  gradient = gradient_bytes_per_chip(programs.compiled_run(config, devices))
+  assert gradient <= sent['all-reduce']['data_bytes'] <= 1.25 * gradient
+  assert sent['all-reduce']['bytes'] > 2 * sent['all-reduce']['data_bytes']
 
 
 def test_oversized_batch_does_not_fit_and_says_what_to_change(

@@ -95,7 +95,8 @@ def collective_stats(hlo_text: str) -> dict[str, dict[str, float]]:
 def cross_slice_stats(hlo_text: str) -> dict[str, dict[str, float]]:
   """The collectives a program runs across slices, per step: by libtpu's
   transfer type ('all-reduce', ...), 'count' (runs, as in
-  `collective_stats`) and 'bytes' (per device) sent.
+  `collective_stats`), 'bytes' (per device) sent and 'data_bytes', the
+  values among them (`sent_data`).
 
   Compiled for several slices, a module holds one slice's devices: its
   replica groups stay within the slice, and what crosses the data-centre
@@ -103,10 +104,8 @@ def cross_slice_stats(hlo_text: str) -> dict[str, dict[str, float]]:
   Megascale runtime, tagged `_xla_megascale_transfer_type`; each send
   counts once.
   """
-  computations, _ = _module(hlo_text)
+  computations, instructions = _module(hlo_text)
   runs, _ = runs_per_computation(hlo_text)
-  shapes = {name: shape for body in computations.values()
-            for name, shape, _ in body}
   stats: dict[str, dict[str, float]] = {}
   for computation, body in computations.items():
     for _, _, call in body:
@@ -114,11 +113,44 @@ def cross_slice_stats(hlo_text: str) -> dict[str, dict[str, float]]:
       if not call.startswith('send(') or not kind:
         continue
       entry = stats.setdefault(kind.group(1).lower().replace('_', '-'),
-                               {'count': 0, 'bytes': 0.0})
+                               {'count': 0, 'bytes': 0.0, 'data_bytes': 0.0})
+      operand = _operands(call)[0]
       entry['count'] += runs[computation]
       entry['bytes'] += runs[computation] * shape_bytes(
-          shapes.get(_operands(call)[0], ''))
+          instructions.get(operand, ('',))[0])
+      entry['data_bytes'] += runs[computation] * sent_data(operand,
+                                                           instructions)
   return stats
+
+
+def sent_data(name: str, instructions) -> float:
+  """Bytes of the values in buffer `name` that a Megascale send carries.
+  A TPU buffer is laid out in tiles (8 x 128 for float32: its minor
+  dimension padded to a multiple of 128, the next to a multiple of 8), and
+  libtpu sends a buffer whole, its padding zeroed by a `ZeroCrop` custom
+  call: the values are that call's operand, found through bitcasts and the
+  outputs of the (combined) all-reduces within the slice. The buffer's own
+  bytes where there is no `ZeroCrop` (nothing padded)."""
+  own = shape_bytes(instructions.get(name, ('',))[0])
+  for _ in range(8):
+    if name not in instructions:
+      break
+    shape, call, _ = instructions[name]
+    opcode = call.split('(', 1)[0]
+    operands = _operands(call)
+    if opcode == 'custom-call' and 'custom_call_target="ZeroCrop"' in call:
+      return shape_bytes(instructions.get(operands[0], ('',))[0])
+    if opcode == 'get-tuple-element':
+      source = instructions.get(operands[0], ('', '', ''))[1]
+      index = int(re.search(r'index=(\d+)', call).group(1))
+      if not source.startswith('all-reduce('):
+        break
+      name = _operands(source)[index]
+    elif opcode in ('bitcast', 'copy'):
+      name = operands[0]
+    else:
+      break
+  return own
 
 
 def custom_calls(hlo_text: str) -> dict[str, int]:

@@ -169,7 +169,9 @@ def format_program(p: dict) -> str:
           for op, s in p['collectives'].items())]
   if 'cross_slice' in p:
     lines.append('  across slices (DCN) per step: ' + (', '.join(
-        f'{op} {s["count"]} ({_bytes(s["bytes"])})'
+        f'{op} {s["count"]} ({_bytes(s["bytes"])} sent'
+        + (f', {_bytes(s["data_bytes"])} of values, the rest tile padding)'
+           if s.get('data_bytes', s['bytes']) < s['bytes'] else ')')
         for op, s in p['cross_slice'].items()) or 'nothing'))
   if p['loops_of_unknown_trip_count']:
     lines.append(f'  ({p["loops_of_unknown_trip_count"]} loop(s) of unknown '
