@@ -3,7 +3,7 @@ of prompts written by every process of a run, by the chunk engine of
 `translate --output` (jaxformer/inference/bulk.py; its own tests are
 test_bulk_translate.py): sampled, the same bytes whatever the number of
 processes, a prompt's samples those `generate --input` prints, resumed
-after a killed process, stopped cleanly by SIGTERM.
+after a killed process, stopped cleanly by SIGTERM, on gs://.
 
 The model is test_generate.py's random language model (an export), which
 continues prompts with random-looking tokens."""
@@ -23,6 +23,7 @@ from test_generate import lm_export
 from jaxformer.cli import main as cli
 from jaxformer.data import builtin
 from jaxformer.inference.chunks import chunk_name
+from jaxformer.storage import paths
 
 __all__ = ['environment', 'lm_export']  # Fixtures shared with those tests.
 
@@ -99,6 +100,20 @@ def test_plain_gz_output_and_the_refusals(lm_export, prompts, reference,
   assert status == 1 and '--num 2 with --output' in errors
   status, _, errors = run(capfd, *flags, '--prompt', 'the')
   assert status == 1 and '--prompt and --input' in errors
+
+
+def test_gs_input_and_output(lm_export, prompts, reference, capfd,
+                             gcs_emulator):
+  paths.write_bytes('gs://test-bucket/generate/in.txt.gz',
+                    gzip.compress(prompts.read_bytes()))
+  status, _, errors = run(capfd, *generate_command(
+      lm_export[0], 'gs://test-bucket/generate/in.txt.gz',
+      'gs://test-bucket/generate/out.jsonl.gz'))
+  assert status == 0, errors
+  assert gzip.decompress(paths.read_bytes(
+      'gs://test-bucket/generate/out.jsonl.gz')) == reference
+  assert paths.list_dir('gs://test-bucket/generate') == ['in.txt.gz',
+                                                         'out.jsonl.gz']
 
 
 # --------------------------------------------------- processes and stops
