@@ -1,6 +1,7 @@
 """Decoding throughput of greedy search and beam search: jaxformer beside
 CTranslate2 (float32 and int8) and PyTorch `generate` (Hugging Face
-`MarianMTModel`) on the same weights, same thread count.
+`MarianMTModel`, or `LlamaForCausalLM` for the 'llama' model) on the same
+weights, same thread count.
 
 Output tokens/s counts the tokens of the returned sentences only (one per
 sentence, the best beam), with EOS disabled so that every engine runs every
@@ -18,13 +19,18 @@ Models: 'small' (that of docs/performance.md's jaxformer-only row: `--models
 small --engines jaxformer --source_len 64`), 'quickstart' (its
 config; `--workdir` of a trained quick start run uses its weights and test
 sentences, and also prints how many greedy outputs CTranslate2 reproduces),
-'base' (Transformer base, 6+6 layers of 512, vocabulary 32000). PyTorch
+'base' (Transformer base, 6+6 layers of 512, vocabulary 32000), 'llama'
+(a random-weight Hugging Face Llama of `LLAMA`'s size imported with
+`jaxformer import`, see `LlamaEngines`: greedy continuations of
+--source_len-token prompts by --output_len tokens, at batch 1 and --batch;
+engine 'jaxformer_stepwise' is generation without prefill). PyTorch
 runs the weights as a `MarianMTModel` (`interop/hf_marian.py`); for a
 config Marian cannot express exactly (the paper's interleaved sinusoid,
 LayerNorm epsilon 1e-6) it computes the same amount, not the same numbers.
 
-  python benchmarks/decode_throughput.py [--models quickstart,base]
-      [--engines jaxformer,ct2,ct2_int8,torch] [--workdir RUN] [--rounds 5]
+  python benchmarks/decode_throughput.py [--models quickstart,base,llama]
+      [--engines jaxformer,ct2,ct2_int8,torch[,jaxformer_stepwise]]
+      [--workdir RUN] [--rounds 5]
       [--batch 8] [--source_len 32] [--output_len 64] [--threads N]
 """
 import argparse
@@ -52,6 +58,7 @@ MODELS = {
                         max_len=256),
 }
 NO_EOS = -1
+SEARCHES = {1: 'greedy', 4: 'beam 4'}
 
 
 def random_sources(batch: int, length: int, vocab: int, seed: int = 0):
@@ -76,16 +83,17 @@ def timed(fn):
 
 class Engines:
   """One callable per engine and search, all decoding `rows` to exactly
-  `length` tokens per sentence."""
+  `length` tokens per sentence: `runs[engine, search]`, and `tokens[search]`
+  the output tokens of one call."""
 
   def __init__(self, params, config, rows, vocabulary, length, threads,
                batch_parts, names, directory):
     self.runs = {}
-    self.outputs = {}
+    self.tokens = {s: rows.shape[0] * length for s in SEARCHES.values()}
     source = [[vocabulary[t] for t in row[row != 0][:-1]] for row in rows]
     if 'jaxformer' in names:
       for beam in (1, 4):
-        self.runs['jaxformer', beam] = self._jaxformer(
+        self.runs['jaxformer', SEARCHES[beam]] = self._jaxformer(
             params, config, rows, length, beam, batch_parts)
     for name, quantization in (('ct2', None), ('ct2_int8', 'int8')):
       if name in names:
@@ -98,7 +106,7 @@ class Engines:
             folder, device='cpu', compute_type=quantization or 'float32',
             inter_threads=1, intra_threads=threads)
         for beam in (1, 4):
-          self.runs[name, beam] = (
+          self.runs[name, SEARCHES[beam]] = (
               lambda t=translator, b=beam: t.translate_batch(
                   source, beam_size=b, max_decoding_length=length,
                   min_decoding_length=length, max_batch_size=len(source)))
@@ -117,7 +125,7 @@ class Engines:
               do_sample=False, max_new_tokens=length,
               min_new_tokens=length)
       for beam in (1, 4):
-        self.runs['torch', beam] = lambda b=beam: generate(b)
+        self.runs['torch', SEARCHES[beam]] = lambda b=beam: generate(b)
 
   @staticmethod
   def _jaxformer(params, config, rows, length, beam, parts):
@@ -130,22 +138,22 @@ class Engines:
         eos_id=NO_EOS, batch_parts=parts)
 
 
-def race(engines: Engines, rounds: int, output_tokens: int, label: str
-         ) -> list[dict]:
-  """Alternating rounds of every engine; prints one line per engine and
-  returns its figures."""
+def race(engines, rounds: int, label: str) -> list[dict]:
+  """Alternating rounds of every engine, one search (`engines.tokens`'
+  keys, in order) after the other; prints one line per engine and search
+  and returns its figures. engines: `Engines` or `LlamaEngines`."""
   figures = []
-  for beam in (1, 4):
-    names = [n for n, b in engines.runs if b == beam]
-    first = {n: timed(engines.runs[n, beam])[0] for n in names}  # Warm up.
+  for search_name, output_tokens in engines.tokens.items():
+    names = [n for n, s in engines.runs if s == search_name]
+    run = lambda n: timed(engines.runs[n, search_name])  # noqa: E731
+    first = {n: run(n)[0] for n in names}  # Warm up.
     walls = {n: [] for n in names}
     cpus = {n: [] for n in names}
     for _ in range(rounds):
       for n in names:
-        wall, cpu = timed(engines.runs[n, beam])
+        wall, cpu = run(n)
         walls[n].append(wall)
         cpus[n].append(cpu)
-    search_name = 'greedy' if beam == 1 else f'beam {beam}'
     anchor = float(np.median(walls['jaxformer'])) if 'jaxformer' in walls \
         else None
     for n in names:
@@ -160,6 +168,121 @@ def race(engines: Engines, rounds: int, output_tokens: int, label: str
                       'output_tokens_per_s': output_tokens / wall,
                       'batch_s': wall, 'compile_s': first[n] - wall})
   return figures
+
+
+# A Llama of a realistic small size, in Hugging Face `LlamaConfig`'s terms:
+# GQA (8 query heads, 2 key/value heads), SwiGLU, RMSNorm, RoPE, untied head.
+LLAMA = dict(vocab_size=32000, hidden_size=512, num_attention_heads=8,
+             num_key_value_heads=2, intermediate_size=1408,
+             num_hidden_layers=8, max_position_embeddings=512,
+             tie_word_embeddings=False)
+INTEROP_TESTS = os.path.join(os.path.dirname(os.path.abspath(__file__)), '..',
+                             'tests', 'interop')
+
+
+def llama_folder(folder: str) -> None:
+  """A random-weight Hugging Face Llama of `LLAMA` (transformers' own
+  initialisation) saved in `folder` with the Llama 3 style tokenizer of
+  tests/interop/hf_tokenizer_folders.py (500 pieces and its specials; the
+  ids beyond them pad the vocabulary, as hubs pad it)."""
+  import sys
+  import torch
+  import transformers
+  sys.path.insert(0, INTEROP_TESTS)
+  import hf_tokenizer_folders
+  facts = hf_tokenizer_folders.write_llama3(folder)
+  config = transformers.LlamaConfig(
+      bos_token_id=facts['bos_id'], eos_token_id=facts['eos_ids'],
+      pad_token_id=facts['pad_id'], **LLAMA)
+  torch.manual_seed(0)
+  transformers.AutoModelForCausalLM.from_config(config).save_pretrained(folder)
+
+
+class LlamaEngines:
+  """`Engines` of the imported Llama: greedy continuations of fixed random
+  prompts (BOS, then `prompt_len - 1` ids of the tokenizer's pieces) by
+  exactly `length` new tokens each, in batches of each of `batches`. The
+  folder goes through `jaxformer import`, and `jaxformer export --format
+  ct2` (with --quantization int8 for ct2_int8) makes CTranslate2's models.
+  jaxformer runs `generation.generate_ids` (the search behind `jaxformer
+  generate`, without its text I/O); 'jaxformer_stepwise' is the decoding
+  loop without prefill, the prompt fed one token per step
+  (tests/interop/llama_folders.py's `our_greedy`)."""
+
+  def __init__(self, directory, prompt_len, length, batches, threads, names):
+    import sys
+    from jaxformer.checkpoints import trained
+    from jaxformer.cli import main as cli
+    from jaxformer.inference import generation
+    from jaxformer.interop import ct2_lm
+    sys.path.insert(0, INTEROP_TESTS)
+    import llama_folders
+    folder, ours = (os.path.join(directory, n) for n in ('hf', 'jaxformer'))
+    llama_folder(folder)
+    assert cli.main(['import', '--from', folder, '--out', ours]) == 0
+    model = trained.load(ours)
+    params, config = model.params, model.model_config
+    pieces = ct2_lm.vocabulary(model.target_tok, config.vocab_size)
+    rng = np.random.default_rng(0)
+    prompts = [[config.decoder_start_id] + rng.integers(
+        4, 400, prompt_len - 1).tolist() for _ in range(max(batches))]
+    self.runs, self.tokens = {}, {}
+    for batch in batches:
+      label, rows = f'greedy, batch {batch}', prompts[:batch]
+      self.tokens[label] = batch * length
+      if 'jaxformer' in names:
+        self.runs['jaxformer', label] = (
+            lambda r=rows: generation.generate_ids(
+                params, config, r, max_new_tokens=length, eos_ids=()))
+      if 'jaxformer_stepwise' in names:
+        self.runs['jaxformer_stepwise', label] = (
+            lambda r=rows: llama_folders.our_greedy(params, config, r, length,
+                                                    ()))
+    for name, quantization in (('ct2', None), ('ct2_int8', 'int8')):
+      if name in names:
+        self._ct2(name, quantization, ours, directory, prompts, pieces,
+                  batches, length, threads, cli)
+    if 'torch' in names:
+      self._torch(folder, prompts, batches, length, threads)
+
+  def _ct2(self, name, quantization, ours, directory, prompts, pieces,
+           batches, length, threads, cli):
+    import ctranslate2
+    out = os.path.join(directory, name)
+    assert cli.main(['export', '--workdir', ours, '--format', 'ct2', '--out',
+                     out] + (['--quantization', quantization]
+                             if quantization else [])) == 0
+    generator = ctranslate2.Generator(
+        out, device='cpu', compute_type=quantization or 'float32',
+        inter_threads=1, intra_threads=threads)
+    tokens = [[pieces[i] for i in p] for p in prompts]
+    check = generator.generate_batch(tokens[:1], max_length=length,
+                                     min_length=length, sampling_topk=1,
+                                     include_prompt_in_result=False)
+    assert len(check[0].sequences_ids[0]) == length, 'max_length counts'
+    for batch in batches:
+      self.runs[name, f'greedy, batch {batch}'] = (
+          lambda t=tokens[:batch]: generator.generate_batch(
+              t, max_length=length, min_length=length, sampling_topk=1,
+              beam_size=1, include_prompt_in_result=False,
+              max_batch_size=len(t)))
+
+  def _torch(self, folder, prompts, batches, length, threads):
+    import torch
+    import transformers
+    torch.set_num_threads(threads)
+    model = transformers.AutoModelForCausalLM.from_pretrained(
+        folder, dtype=torch.float32).eval()
+    ids = torch.tensor(prompts)
+
+    def generate(batch):
+      with torch.inference_mode():
+        return model.generate(
+            input_ids=ids[:batch], attention_mask=torch.ones_like(ids[:batch]),
+            do_sample=False, max_new_tokens=length, min_new_tokens=length)
+    for batch in batches:
+      self.runs['torch', f'greedy, batch {batch}'] = (
+          lambda b=batch: generate(b))
 
 
 def trained_model(workdir: str, batch: int):
@@ -220,12 +343,17 @@ def main():
   parser.add_argument('--source_len', type=int, default=32)
   parser.add_argument('--output_len', type=int, default=64)
   parser.add_argument('--rounds', type=int, default=5)
-  parser.add_argument('--threads', type=int, default=os.cpu_count())
+  parser.add_argument('--threads', type=int,
+                      default=len(os.sched_getaffinity(0)),
+                      help="each engine's threads (jaxformer: the CPUs)")
   parser.add_argument('--batch_parts', type=int, default=None,
                       help='default: cpu_kernels.default_batch_parts')
   parser.add_argument('--json', help='also write the figures to this file')
   args = parser.parse_args()
   names = args.engines.split(',')
+  cpus = sorted(os.sched_getaffinity(0))
+  if args.threads < len(cpus):  # XLA's CPU threads follow the process's CPUs.
+    os.sched_setaffinity(0, cpus[:args.threads])
   print(f'{jax.devices()[0].platform}, {args.threads} threads; batch '
         f'{args.batch}, {args.output_len} output tokens per sentence (EOS '
         f'off); load average {os.getloadavg()[0]:.1f}\n\n'
@@ -235,6 +363,12 @@ def main():
   with tempfile.TemporaryDirectory() as directory:
     trained = None
     for label in args.models.split(','):
+      if label == 'llama':
+        engines = LlamaEngines(os.path.join(directory, label),
+                               args.source_len, args.output_len,
+                               (1, args.batch), args.threads, names)
+        figures.extend(race(engines, args.rounds, 'llama (imported)'))
+        continue
       config = MODELS[label]
       if label == 'quickstart' and args.workdir:
         trained, rows, vocabulary, _ = trained_model(args.workdir, args.batch)
@@ -250,8 +384,7 @@ def main():
       engines = Engines(params, config, rows, vocabulary, args.output_len,
                         args.threads, parts, names,
                         os.path.join(directory, label.split()[0]))
-      figures.extend(race(engines, args.rounds, args.batch * args.output_len,
-                          label))
+      figures.extend(race(engines, args.rounds, label))
     print(f'load average {os.getloadavg()[0]:.1f}')
     if args.json:
       with open(args.json, 'w') as f:

@@ -1,6 +1,8 @@
 """Continuations of prompts from a decoder-only model (`jaxformer generate`):
-batches of prompts of different lengths give each prompt's tokens alone,
-greedy ids equal an uncached full forward pass, rows end at any of several
+the prefill of a batch of prompts and the steps after it give the logits of
+the step-by-step path and of a full forward pass, batches of prompts of
+different lengths give each prompt's tokens alone, greedy ids equal an
+uncached full forward pass, rows end at any of several
 EOS ids or after max_new_tokens, samples are reproducible by seed, and the
 command prints one JSON object per prompt, in order."""
 import base64
@@ -21,7 +23,7 @@ from jaxformer.config.settings import default_config
 from jaxformer.data import builtin
 from jaxformer.data.tokenizer import train_tokenizer
 from jaxformer.inference import generation
-from jaxformer.model import DecoderLM, ModelConfig
+from jaxformer.model import DecoderLM, ModelConfig, incremental
 from jaxformer.model.config import to_config_dict
 
 PAPER = ModelConfig(vocab_size=32, d_model=16, num_heads=2, d_ff=32,
@@ -70,6 +72,67 @@ def uncached_greedy(config, params, prompt, new_tokens, eos_ids=()):
     if token in eos_ids:
       break
   return new
+
+
+@functools.lru_cache(maxsize=None)
+def jitted_step(config, params_id, rows_mode):
+  """lm_step_fn's step, jitted: params, and start positions with
+  `rows_mode`, are its first arguments."""
+  del params_id  # Part of the cache key only.
+  def step(params, starts, cache, tokens, step):
+    return incremental.lm_step_fn(config, params,
+                                  starts if rows_mode else None)(
+                                      cache, tokens, step)[:2]
+  return jax.jit(step)
+
+
+def prefilled_logits(config, params, sequences, lengths, steps):
+  """Logits [b, steps, v] after each row's positions lengths - 1 + k: the
+  rows' first lengths - 1 tokens read by one prefill call (with the later
+  tokens of the longer rows as padding), then one step per position."""
+  rows, total = sequences.shape
+  width = int(max(lengths)) - 1
+  cache = incremental.init_lm_cache(config, params, rows, total)
+  cache = jax.jit(incremental.lm_prefill, static_argnums=0)(
+      config, params, cache, jnp.asarray(sequences[:, :width]))
+  step = jitted_step(config, id(params), True)
+  logits = []
+  for k in range(steps):
+    out, cache = step(params, jnp.asarray(lengths - 1), cache,
+                      jnp.asarray(sequences[np.arange(rows), lengths - 1 + k]),
+                      k)
+    logits.append(out)
+  return np.stack(logits, axis=1)
+
+
+def step_by_step_logits(config, params, sequences):
+  """Logits [b, t, v] of the one-token-per-step path from position 0."""
+  cache = incremental.init_lm_cache(config, params, *sequences.shape)
+  step = jitted_step(config, id(params), False)
+  logits = []
+  for s in range(sequences.shape[1]):
+    out, cache = step(params, None, cache, jnp.asarray(sequences[:, s]), s)
+    logits.append(out)
+  return np.stack(logits, axis=1)
+
+
+@pytest.mark.parametrize('name', sorted(CONFIGS))
+def test_prefill_and_steps_equal_step_by_step_and_full_forward_logits(name):
+  config, params = model(name)
+  steps = 3
+  lengths = np.array([len(p) for p in PROMPTS if len(p) > 1])
+  sequences = np.zeros((len(lengths), max(lengths) + steps), np.int32)
+  rng = np.random.default_rng(0)
+  for row, prompt in zip(sequences, [p for p in PROMPTS if len(p) > 1]):
+    row[:] = rng.integers(1, config.vocab_size, row.shape)
+    row[:len(prompt)] = prompt
+  at = lengths[:, None] - 1 + np.arange(steps)  # [b, steps] positions.
+  rows = np.arange(len(lengths))[:, None]
+  ours = prefilled_logits(config, params, sequences, lengths, steps)
+  full = np.asarray(forward(config)(params, sequences))[rows, at]
+  old = step_by_step_logits(config, params, sequences)[rows, at]
+  np.testing.assert_allclose(ours, full, atol=1e-5, rtol=0)
+  np.testing.assert_allclose(ours, old, atol=1e-5, rtol=0)
 
 
 @pytest.mark.parametrize('name', sorted(CONFIGS))

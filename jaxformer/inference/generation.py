@@ -5,12 +5,13 @@ greedy or sampled (temperature, then top-k, then top-p): the search behind
 A prompt is the model's inputs from position 0: for a model jaxformer
 trained, its `decoder_start_id` and then the text's tokens; for an imported
 Hugging Face model, the ids its tokenizer gives (with BOS where Hugging Face
-adds one). The prompts of a batch are padded on the right and every row
-moves one position per step, fed its own prompt while it lasts and its own
-tokens after that. A row thus sees exactly the positions, keys and values it
+adds one). The prompts of a batch are padded on the right, and all but
+their last tokens go through the decoder in one call that fills the cache
+(`lm_prefill`); then every row moves one position per step from its own
+last prompt token, at its own positions (slot p of a row's cache holds its
+position p). A row thus sees exactly the positions, keys and values it
 would see alone, whatever the other rows' lengths and whatever the position
-embedding (sinusoidal, learned, rotary); the price is that a prompt goes
-through the cache one token per step.
+embedding (sinusoidal, learned, rotary).
 
 A row ends with the first of `eos_ids` it generates (included) or after
 `max_new_tokens` new tokens, or where the positions run out; the loop ends
@@ -19,7 +20,7 @@ logits, as torch.argmax. Sampling draws the k-th new token of prompt i with
 the key fold_in(fold_in(PRNGKey(seed), i), k), i counted over all prompts of
 a stream (`first_row`): a prompt's samples do not depend on its batch.
 
-Shapes: rows b, prompt width w, loop steps (positions) `length`,
+Shapes: rows b, prefill width w, cache positions (and loop steps) `length`,
 vocabulary v.
 """
 import functools
@@ -32,11 +33,15 @@ from flax.core import meta
 
 from jaxformer.inference.search import NEG_INF, greedy_choice, token_loop
 from jaxformer.model.config import ModelConfig
-from jaxformer.model.incremental import init_lm_cache, lm_step_fn
+from jaxformer.model.incremental import (init_lm_cache, lm_prefill,
+                                         lm_step_fn)
 
-# Prompt widths and loop lengths are rounded up to a multiple of this, and
+# Prefill widths and cache lengths are rounded up to a multiple of this, and
 # row counts to a power of two, so that the batches of a stream share a few
-# compiled programs.
+# compiled programs (one per prefill width, cache length and row count).
+# A multiple rather than a power of two: a power of two would make fewer
+# programs but compute up to twice the prompt, and the prefill is the
+# largest matmul of a generation; with 16, at most 15 padding positions.
 WIDTH_MULTIPLE = 16
 
 
@@ -95,34 +100,34 @@ def sample_choice(logits: jax.Array, keys: jax.Array, temperature, top_k,
 # ------------------------------------------------------------ the search ---
 
 @functools.partial(jax.jit, static_argnames=('config', 'length'))
-def _generate(params, first, rest, rest_lengths, limits, rows, key, eos_ids,
+def _generate(params, heads, last, lengths, limits, rows, key, eos_ids,
               temperature, top_k, top_p, config, length):
-  """tokens [b, length]: step s's token (position s + 1) in column s, the
-  prompt's own where it has one, config.pad_id after a row ends.
+  """tokens [b, length]: row i's k-th new token in column k, config.pad_id
+  after the row ends.
 
-  first: [b], each row's input at position 0; rest: [b, w], the prompt's
-  later tokens, rest_lengths [b] of them; limits: [b], the new tokens a row
-  may have (0: none); rows: [b], each row's index among all prompts.
+  heads: [b, w], each prompt but its last token, right-padded (w may be
+  0); last: [b], each prompt's last token; lengths: [b], the prompts'
+  lengths (0: none); limits: [b], the new tokens a row may have (0: none);
+  rows: [b], each row's index among all prompts; length: the cache's
+  positions, at least every row's prompt and new tokens but the last.
   """
   row_keys = jax.vmap(jax.random.fold_in, in_axes=(None, 0))(key, rows)
 
   def choose_fn(logits, step):
-    new = jnp.maximum(step - rest_lengths, 0)  # The new token's index.
-    keys = jax.vmap(jax.random.fold_in)(row_keys, new)
-    chosen = sample_choice(logits, keys, temperature, top_k, top_p)
-    forced = jax.lax.dynamic_index_in_dim(rest, step, axis=1, keepdims=False)
-    return jnp.where(step < rest_lengths, forced, chosen)
+    keys = jax.vmap(jax.random.fold_in)(row_keys, jnp.broadcast_to(
+        step, row_keys.shape[:1]))
+    return sample_choice(logits, keys, temperature, top_k, top_p)
 
   def stop_fn(tokens, step):
-    new = step - rest_lengths
-    ends = (jnp.any(tokens[:, None] == eos_ids[None, :], axis=-1)
-            | (new + 1 >= limits))
-    return (new >= 0) & ends
+    ends = jnp.any(tokens[:, None] == eos_ids[None, :], axis=-1)
+    return ends | (step + 1 >= limits)
 
-  cache = init_lm_cache(config, params, first.shape[0], length)
-  tokens, _ = token_loop(lm_step_fn(config, params), choose_fn, cache,
-                         limits <= 0, length, -1, start_id=first,
-                         pad_id=config.pad_id, stop_fn=stop_fn)
+  cache = init_lm_cache(config, params, heads.shape[0], length)
+  if heads.shape[1]:
+    cache = lm_prefill(config, params, cache, heads)
+  step_fn = lm_step_fn(config, params, jnp.maximum(lengths - 1, 0))
+  tokens, _ = token_loop(step_fn, choose_fn, cache, limits <= 0, length, -1,
+                         start_id=last, pad_id=config.pad_id, stop_fn=stop_fn)
   return tokens
 
 
@@ -187,30 +192,29 @@ def generate_ids(params, config: ModelConfig,
   if not any(limits):
     return [[] for _ in prompts]
   rows = 1 << (len(prompts) - 1).bit_length()
-  width = _round_up(max(max(lengths) - 1, 1), WIDTH_MULTIPLE)
-  first = np.full((rows,), config.pad_id, np.int32)
-  rest = np.full((rows, width), config.pad_id, np.int32)
+  padded = lambda values: np.pad(  # noqa: E731
+      np.asarray(values, np.int32), (0, rows - len(prompts)))
+  lengths, limits = padded(lengths), padded(limits)
+  length = min(positions, _round_up(int(np.max(lengths + limits)) - 1,
+                                    WIDTH_MULTIPLE))
+  width = min(_round_up(int(np.max(lengths)) - 1, WIDTH_MULTIPLE), length)
+  heads = np.full((rows, width), config.pad_id, np.int32)
+  last = np.full((rows,), config.pad_id, np.int32)
   for i, prompt in enumerate(prompts):
     if prompt:
-      first[i] = prompt[0]
-      rest[i, :len(prompt) - 1] = prompt[1:]
-  rest_lengths = np.zeros((rows,), np.int32)
-  rest_lengths[:len(prompts)] = np.maximum(np.array(lengths) - 1, 0)
-  padded_limits = np.zeros((rows,), np.int32)
-  padded_limits[:len(prompts)] = limits
-  length = min(positions, _round_up(int(np.max(rest_lengths + padded_limits)),
-                                    WIDTH_MULTIPLE))
+      heads[i, :len(prompt) - 1] = prompt[:-1]
+      last[i] = prompt[-1]
   eos_ids = (config.eos_id,) if eos_ids is None else tuple(eos_ids)
   numbers = np.arange(first_row, first_row + rows, dtype=np.int32)
   if row_ids is not None:
     numbers[:len(prompts)] = row_ids
   tokens = np.asarray(_generate(
-      meta.unbox(params), first, rest, rest_lengths, padded_limits,
-      numbers, jax.random.PRNGKey(seed), np.array(eos_ids, np.int32).reshape(-1),
+      meta.unbox(params), heads, last, lengths, limits, numbers,
+      jax.random.PRNGKey(seed), np.array(eos_ids, np.int32).reshape(-1),
       jnp.float32(temperature), jnp.int32(top_k), jnp.float32(top_p),
       config, length))
-  return [until_end(tokens[i, start:start + limit], eos_ids)
-          for i, (start, limit) in enumerate(zip(rest_lengths, limits))]
+  return [until_end(tokens[i, :limit], eos_ids)
+          for i, limit in enumerate(limits[:len(prompts)])]
 
 
 def until_end(ids, eos_ids: Sequence[int]) -> list[int]:

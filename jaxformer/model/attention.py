@@ -27,7 +27,9 @@ class MultiHeadAttention(nn.Module):
 
   In decode mode, 'causal' keeps keys and values of earlier steps in the
   'cache' collection (k heads each, rotated) and takes one query position per
-  call; 'cross' computes
+  call: with decode=True all rows at the same position (the cache's index),
+  with decode='rows' each row at its own (`positions`), after a first call
+  that may read a whole prompt at once (`_row_cache`); 'cross' computes
   the keys and values of the source once, when the cache is created, and
   reuses them at every step. Decoding takes the einsum path, without dropout.
 
@@ -43,7 +45,7 @@ class MultiHeadAttention(nn.Module):
   config: ModelConfig
   kind: str = 'self'
   deterministic: bool = True
-  decode: bool = False
+  decode: bool | str = False  # False, True or 'rows'.
 
   def _project(self, x, names):
     """[batch, length, d_model] -> [batch, length, n or k, h] for each
@@ -100,7 +102,8 @@ class MultiHeadAttention(nn.Module):
       if cfg.position_embedding == 'rope':
         query, key = self._rotate(query, key, positions)
       if self.decode and self.kind == 'causal':
-        key_t, value, mask, filled = self._causal_cache(key, value)
+        key_t, value, mask, filled = self._causal_cache(key, value,
+                                                        positions)
         if filled is None:
           out, weights = shared_key_attention(query, key_t, value, mask)
         else:
@@ -156,7 +159,7 @@ class MultiHeadAttention(nn.Module):
     return (self.get_variable('cache', 'source_key'),
             self.get_variable('cache', 'source_value'))
 
-  def _causal_cache(self, key, value):
+  def _causal_cache(self, key, value, positions):
     """Stores this step's keys/values and returns what the step attends to.
 
     The cache is created (zeros, index 0, one beam) by a call whose inputs
@@ -169,6 +172,7 @@ class MultiHeadAttention(nn.Module):
 
     Args:
       key, value: [rows, t, k, h]: t = 1 for a step, rows = batch * beams.
+      positions: [rows, t] int, read with decode='rows' only.
 
     Returns:
       (keys [batch, k, h, length * beams], values [batch, k, length * beams,
@@ -189,6 +193,8 @@ class MultiHeadAttention(nn.Module):
       positions = jnp.arange(length)
       causal = positions[None, None, None] <= positions[:, None]
       return transposed_keys(key), heads_first(value), causal, None
+    if self.decode == 'rows':
+      return _row_cache(cached_key, cached_value, key, value, positions)
     if length != 1:
       raise ValueError(f'Cached decoding takes one position per call, got '
                        f'{length}.')
@@ -215,6 +221,44 @@ class MultiHeadAttention(nn.Module):
             & (jnp.arange(max_length) <= i)[:, None])  # [batch, q, p, j]
     return (cached_key.value, cached_value.value,
             mask.reshape(rows, 1, 1, max_length * beams), (i + 1) * beams)
+
+
+def _row_cache(cached_key, cached_value, key, value, positions):
+  """`_causal_cache` of decode='rows' (one beam), each row at its own
+  position, the slot of position p being p.
+
+  A call of t > 1 positions is a prefill: the rows' inputs from position 0,
+  whose keys/values fill slots 0..t-1 at once and which attend causally among
+  themselves (a row's padding after its prompt fills slots that its later
+  steps overwrite before they see them). A call of one position p_r per row
+  writes slot p_r of row r and attends to its slots 0..p_r.
+
+  Args:
+    cached_key, cached_value: the cache's variables, [rows, k, h, length]
+      and [rows, k, length, h].
+    key, value: [rows, t, k, h]; positions: [rows, t] int.
+  """
+  key_t, value = transposed_keys(key), heads_first(value)
+  rows, _, _, length = key_t.shape
+  if length > 1:
+    cached_key.value = jax.lax.dynamic_update_slice_in_dim(
+        cached_key.value, key_t, 0, axis=3)
+    cached_value.value = jax.lax.dynamic_update_slice_in_dim(
+        cached_value.value, value, 0, axis=2)
+    slots = jnp.arange(length)
+    return key_t, value, slots[None, None, None] <= slots[:, None], None
+  slot = positions[:, 0]
+
+  def store(cached, new, axis):  # Row r's new slot at slot[r] of `axis`.
+    return jax.vmap(lambda c, n, s: jax.lax.dynamic_update_slice_in_dim(
+        c, n, s, axis - 1))(cached, new, slot)
+
+  cached_key.value = store(cached_key.value, key_t, 3)
+  cached_value.value = store(cached_value.value, value, 2)
+  max_length = cached_value.value.shape[2]
+  mask = jnp.arange(max_length)[None] <= slot[:, None]
+  return (cached_key.value, cached_value.value,
+          mask.reshape(rows, 1, 1, max_length), jnp.max(slot) + 1)
 
 
 # ------------------------------------------------- the cache of beams ---

@@ -1,6 +1,7 @@
 """The models' cached decoding, as functions for a search to call: the
-decoding cache of a batch, and one decoder position for every row,
-`step_fn(cache, previous_tokens, step)` (see `decode.py` for the searches).
+decoding cache of a batch, a `DecoderLM`'s prefill of its prompts, and one
+decoder position for every row, `step_fn(cache, previous_tokens, step)`
+(see `search.py` for the searches).
 """
 from typing import Any, Callable
 
@@ -95,14 +96,34 @@ def translation_step_fn(config: ModelConfig, params,
   return step_fn
 
 
-def lm_step_fn(config: ModelConfig, params) -> StepFn:
-  """Cached `DecoderLM` step."""
-  model = DecoderLM(config, decode=True)
+def lm_prefill(config: ModelConfig, params, cache, inputs: jax.Array):
+  """The cache of `init_lm_cache` after a `DecoderLM` read inputs [b, w]
+  (w <= the cache's length) from position 0 in one call, as
+  `lm_step_fn(..., start_positions)` continues it: slot p of a row holds
+  its keys/values at position p. A row's padding after its prompt writes
+  slots that its steps overwrite before they attend to them."""
+  positions = jnp.broadcast_to(jnp.arange(inputs.shape[1]), inputs.shape)
+  _, variables = DecoderLM(config, decode='rows').apply(
+      {'params': params, 'cache': cache}, inputs, jnp.ones_like(inputs),
+      positions, method='decode_logits', mutable=['cache'])
+  return variables['cache']
+
+
+def lm_step_fn(config: ModelConfig, params,
+               start_positions: jax.Array | None = None) -> StepFn:
+  """Cached `DecoderLM` step: every row at position `step`, or with
+  start_positions [rows] (after `lm_prefill`) row r at start_positions[r]
+  + step."""
+  model = DecoderLM(config, decode=True if start_positions is None
+                    else 'rows')
 
   def step_fn(cache, previous_tokens, step):
     ones = jnp.ones((previous_tokens.shape[0], 1), jnp.int32)
+    positions = ones * step
+    if start_positions is not None:
+      positions = positions + start_positions[:, None]
     logits, variables = model.apply(
         {'params': params, 'cache': cache}, previous_tokens[:, None], ones,
-        ones * step, method='decode_logits', mutable=['cache'])
+        positions, method='decode_logits', mutable=['cache'])
     return logits[:, 0], variables['cache'], None
   return step_fn

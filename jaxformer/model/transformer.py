@@ -281,10 +281,15 @@ class EncoderDecoder(nn.Module):
 
 
 class DecoderLM(nn.Module):
-  """Decoder-only language model (causal self-attention, no encoder)."""
+  """Decoder-only language model (causal self-attention, no encoder).
+
+  `decode=True` runs it one position at a time with a 'cache', every row at
+  the same position; `decode='rows'` each row at its own, after a prefill
+  (`MultiHeadAttention`).
+  """
   config: ModelConfig
   deterministic: bool = True
-  decode: bool = False
+  decode: bool | str = False
 
   def setup(self):
     self.embed = layers.Embed(self.config.vocab_size, self.config)
