@@ -71,15 +71,28 @@ def _export_other_format(model, args) -> str:
 
 
 # config.json model_type values `jaxformer import` takes.
-IMPORTED_TYPES = ('marian', 'llama', 'qwen2', 'mistral')
+IMPORTED_TYPES = ('marian', 'llama', 'qwen2', 'mistral', 'bert', 'roberta',
+                  'xlm-roberta')
 
 
 def cmd_import(args, overrides) -> int:
   """A Hugging Face folder, by its config.json model_type: Marian
-  (OPUS-MT) or the Llama family."""
+  (OPUS-MT), the Llama family or the BERT family."""
   from jaxformer.config.settings import default_config
-  from jaxformer.interop import hf_folders, llama, marian
+  from jaxformer.interop import bert, hf_folders, llama, marian
   model_type = hf_folders.model_type(args.from_)
+  if args.num_labels is not None and model_type not in bert.MODEL_TYPES:
+    raise ValueError(f'--num-labels applies to encoder imports ('
+                     f'{", ".join(bert.MODEL_TYPES)}), not {model_type!r}.')
+  if model_type in bert.MODEL_TYPES:
+    if args.dtype != 'float32':
+      raise ValueError(f'--dtype {args.dtype} applies to Llama-family '
+                       'imports; encoders import in float32.')
+    config, model_type, task = bert.import_folder(
+        args.from_, args.out, default_config(), args.num_labels,
+        args.keep_provenance)
+    print(bert.report(config, model_type, task, args.out))
+    return 0
   if model_type in llama.MODEL_TYPES:
     config, model_type = llama.import_folder(
         args.from_, args.out, default_config(), args.dtype,
@@ -144,8 +157,9 @@ def add_parsers(commands) -> None:
 
   import_ = commands.add_parser(
       'import', help='convert a Hugging Face folder (by its config.json '
-      'model_type: marian, llama, qwen2, mistral) into a jaxformer export '
-      '(translate or generate, evaluate, fine-tune it)')
+      'model_type: marian, llama, qwen2, mistral, bert, roberta, '
+      'xlm-roberta) into a jaxformer export (translate, generate or '
+      'predict, evaluate, fine-tune it)')
   import_.add_argument('--from', dest='from_', required=True, type=path,
                        help='a local folder: config.json, model.safetensors '
                        '(or its shards; Marian: or pytorch_model.bin) and '
@@ -158,5 +172,9 @@ def add_parsers(commands) -> None:
                        help='Llama family: the parameters\' dtype, float32 '
                        '(default; bfloat16 checkpoints are widened exactly) '
                        'or bfloat16 (also the dtype it computes in)')
+  import_.add_argument('--num-labels', type=POSITIVE_INT, default=None,
+                       help='BERT family base models: a fresh head of N '
+                       'classes named 0..N-1 (1: a regressor; default: the '
+                       'labels of the training TSV)')
   add_provenance_arg(import_)
   import_.set_defaults(run=cmd_import)

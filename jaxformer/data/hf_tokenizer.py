@@ -171,6 +171,22 @@ class HFTokenizer:
     return [encoding.ids for encoding in self._backend.encode_batch(
         list(texts), add_special_tokens=True)]
 
+  def encode_pair(self, text_a: str, text_b: str | None = None,
+                  max_length: int | None = None
+                  ) -> tuple[list[int], list[int]]:
+    """(token ids, token type ids) of a sentence pair (or of `text_a`
+    alone), as `AutoTokenizer(text_a, text_b)`: [CLS] a [SEP] b [SEP] for
+    BERT, <s> a </s></s> b </s> for RoBERTa; with `max_length`, cut as
+    truncation=True (longest_first) cuts them."""
+    text_b = text_b or None  # AutoTokenizer reads an empty pair as none.
+    if max_length is not None:
+      self._backend.enable_truncation(max_length, strategy='longest_first')
+    try:
+      encoding = self._backend.encode(text_a, text_b, add_special_tokens=True)
+    finally:
+      self._backend.no_truncation()
+    return encoding.ids, encoding.type_ids
+
   def _cut(self, ids: Iterable[int]) -> list[int]:
     ids = np.asarray(ids, dtype=np.int64).reshape(-1)
     ends = np.flatnonzero(np.isin(ids, self.eos_ids))

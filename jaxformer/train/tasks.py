@@ -95,7 +95,9 @@ def regression_sums(model, params, batch, rngs, label_smoothing):
 
 def _class_names(outputs, config):
   """[batch, num_classes] logits -> the class names."""
-  return [config.data.labels[i] for i in np.asarray(outputs).argmax(axis=-1)]
+  labels = config.data.labels  # Empty: a fresh head not trained yet.
+  return [labels[i] if labels else str(i)
+          for i in np.asarray(outputs).argmax(axis=-1)]
 
 
 def _values(outputs, config):
