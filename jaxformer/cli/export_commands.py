@@ -43,9 +43,10 @@ def cmd_export(args, overrides) -> int:
 def _export_other_format(model, args) -> str:
   """Writes `model` (a `Trained`) in args.format: a translation model as
   CTranslate2's Translator or Hugging Face's Marian, a language model as
-  CTranslate2's Generator or a Hugging Face Llama/Qwen2. Returns the line
+  CTranslate2's Generator or a Hugging Face Llama/Qwen2, an encoder-only
+  model as a Hugging Face BERT/RoBERTa/XLM-R. Returns the line
   that says how to use it."""
-  from jaxformer.interop import ct2, ct2_lm, hf_llama, hf_marian
+  from jaxformer.interop import ct2, ct2_lm, hf_bert, hf_llama, hf_marian
   generates = model.task.generates
   if args.format == 'ct2':
     out = (ct2_lm if generates else ct2).export(model, args.out,
@@ -58,6 +59,11 @@ def _export_other_format(model, args) -> str:
            'pretrained OPUS-MT model")')
     return (f'Wrote the CTranslate2 model ({args.quantization or "float32"}) '
             f'to {out}; {use}.')
+  if model.task.name in ('classification', 'regression'):
+    out, kind = hf_bert.export(model, args.out)
+    return (f'Wrote the Hugging Face {kind} model to {out}; load it with '
+            f'AutoModelForSequenceClassification.from_pretrained({out!r}) '
+            f'and AutoTokenizer.from_pretrained({out!r}).')
   if generates:
     out = hf_llama.export(model, args.out)
     return (f'Wrote the Hugging Face {hf_llama.model_type(model.model_config)}'

@@ -146,7 +146,6 @@ def model_config(hf: dict, model_type: str, tokenizer, head_: Head
         embedding_dropout=dropout, residual_dropout=dropout,
         attention_dropout=float(hf.get('attention_probs_dropout_prob', 0.1)),
         ffn_dropout=0.0, pad_id=tokenizer.pad_id, eos_id=tokenizer.eos_id,
-        decoder_start_id=tokenizer.bos_id or 0,
         num_classes=head_.size if head_.task == 'classification' else 2,
         regression_dim=head_.size if head_.task == 'regression' else 1)
   except KeyError as e:

@@ -169,3 +169,37 @@ def test_predict_jsonl_prints_hugging_faces_logits(imported, tmp_path,
     labels = imported.ours.config.data.labels
     assert [r['label'] for r in records] == [labels[i] for i in
                                              theirs.argmax(-1)]
+
+
+def test_export_hf_loads_in_transformers_and_imports_back_bitwise(
+    imported, tmp_path):
+  """`export --format hf`: AutoModelForSequenceClassification gives our
+  logits (1e-5), AutoTokenizer tokenises as the original folder's did
+  (pairs too), and importing the folder again gives the same parameters,
+  bitwise."""
+  out = str(tmp_path / 'hf')
+  assert cli.main(['export', '--format', 'hf', '--from', imported.out,
+                   '--out', out]) == 0
+  model = transformers.AutoModelForSequenceClassification.from_pretrained(
+      out).eval()
+  ids, types = imported.rows(imported.pairs())
+  theirs = bert_folders.hf_outputs(model, ids, types, imported.config.pad_id)
+  ours = np.asarray(_our_outputs(
+      imported.ours.params, jnp.asarray(ids, jnp.int32),
+      jnp.asarray(types, jnp.int32), imported.config, imported.ours.task,
+      False))
+  assert np.abs(ours - theirs).max() < 1e-5
+  tokenizer = transformers.AutoTokenizer.from_pretrained(out)
+  texts = hf_tokenizer_folders.sentences(100)
+  original = imported.hf_tokenizer
+  assert tokenizer(texts)['input_ids'] == original(texts)['input_ids']
+  assert tokenizer(texts, texts[::-1])['input_ids'] == original(
+      texts, texts[::-1])['input_ids']
+  assert tokenizer.pad_token_id == imported.config.pad_id
+  again = str(tmp_path / 'again')
+  assert cli.main(['import', '--from', out, '--out', again]) == 0
+  back = trained.load(again)
+  assert back.model_config == imported.config
+  assert back.task.name == imported.ours.task.name
+  jax.tree.map(np.testing.assert_array_equal, back.params,
+               imported.ours.params)
