@@ -46,8 +46,17 @@ def _export_other_format(model, args) -> str:
   CTranslate2's Generator or a Hugging Face Llama/Qwen2, an encoder-only
   model as a Hugging Face BERT/RoBERTa/XLM-R. Returns the line
   that says how to use it."""
-  from jaxformer.interop import ct2, ct2_lm, hf_bert, hf_llama, hf_marian
+  from jaxformer.interop import (ct2, ct2_encoder, ct2_lm, hf_bert, hf_llama,
+                                 hf_marian)
   generates = model.task.generates
+  if args.format == 'ct2' and model.task.name in ('classification',
+                                                  'regression'):
+    out = ct2_encoder.export(model, args.out, args.quantization)
+    return (f'Wrote the CTranslate2 encoder ({args.quantization or "float32"})'
+            f' to {out}; run it with ctranslate2.Encoder({out!r}), the '
+            f'tokenizer {out}/tokenizer.json and the head {out}/'
+            'head.safetensors (docs/interop.md: "Start from a pretrained '
+            'encoder").')
   if args.format == 'ct2':
     out = (ct2_lm if generates else ct2).export(model, args.out,
                                                 args.quantization)

@@ -203,3 +203,37 @@ def test_export_hf_loads_in_transformers_and_imports_back_bitwise(
   assert back.task.name == imported.ours.task.name
   jax.tree.map(np.testing.assert_array_equal, back.params,
                imported.ours.params)
+
+
+def test_export_ct2_encoder_gives_our_logits(imported, tmp_path):
+  """`export --format ct2`: a CTranslate2 Encoder whose pooled output
+  through head.safetensors gives our logits (float32: 1e-4), fed the ids
+  and token types of the exported tokenizer.json; int8 runs."""
+  ctranslate2 = pytest.importorskip('ctranslate2')
+  import tokenizers
+  from safetensors.numpy import load_file
+  out = str(tmp_path / 'ct2')
+  assert cli.main(['export', '--format', 'ct2', '--from', imported.out,
+                   '--out', out]) == 0
+  tokenizer = tokenizers.Tokenizer.from_file(f'{out}/tokenizer.json')
+  pairs = imported.pairs()
+  encodings = [tokenizer.encode(a, b) if b else tokenizer.encode(a)
+               for a, b in pairs]
+  ids, types = imported.rows(pairs)
+  assert [e.ids for e in encodings] == [
+      [t for t in row if t != imported.config.pad_id] for row in ids.tolist()]
+  encoder = ctranslate2.Encoder(out)
+  output = encoder.forward_batch([e.ids for e in encodings],
+                                 token_type_ids=[e.type_ids for e in encodings])
+  head = load_file(f'{out}/head.safetensors')
+  theirs = np.array(output.pooler_output) @ head['weight'].T + head['bias']
+  ours = np.asarray(_our_outputs(
+      imported.ours.params, jnp.asarray(ids, jnp.int32),
+      jnp.asarray(types, jnp.int32), imported.config, imported.ours.task,
+      False))
+  assert np.abs(ours - theirs).max() < 1e-4
+  int8 = str(tmp_path / 'int8')
+  assert cli.main(['export', '--format', 'ct2', '--quantization', 'int8',
+                   '--from', imported.out, '--out', int8]) == 0
+  assert np.isfinite(np.array(ctranslate2.Encoder(int8).forward_batch(
+      [encodings[0].ids]).pooler_output)).all()
