@@ -152,7 +152,8 @@ def add_parsers(commands) -> None:
   export = commands.add_parser(
       'export', help='write one checkpoint as a parameters-only jaxformer '
       'export (default), a CTranslate2 model or a Hugging Face folder '
-      '(Marian for translation models, Llama/Qwen2 for language models)')
+      '(Marian for translation models, Llama/Qwen2 for language models, '
+      'BERT/RoBERTa/XLM-R for classifiers and regressors)')
   export.add_argument('--workdir', '--from', dest='workdir', required=True,
                       type=path,
                       help='a training workdir or a jaxformer export')
@@ -161,9 +162,10 @@ def add_parsers(commands) -> None:
   export.add_argument('--out', required=True, type=path,
                       help='directory to create for the export')
   export.add_argument('--format', default='jaxformer',
-                      help='jaxformer (default), ct2 (CTranslate2 Translator '
-                      'or Generator) or hf (Hugging Face MarianMTModel, or '
-                      'LlamaForCausalLM / Qwen2ForCausalLM)')
+                      help='jaxformer (default), ct2 (CTranslate2 Translator, '
+                      'Generator or Encoder) or hf (Hugging Face '
+                      'MarianMTModel, LlamaForCausalLM / Qwen2ForCausalLM, '
+                      'or BERT / RoBERTa / XLM-R ForSequenceClassification)')
   export.add_argument('--quantization', default=None,
                       help='ct2 weights: int8, int8_float32, bfloat16 or '
                       'float16 (default: float32)')
