@@ -39,32 +39,39 @@ def _pair(line: str, pairs: bool) -> tuple[str, str | None]:
   return a, b
 
 
+def _bucket(rows: Sequence[Sequence[int]], width: int) -> int:
+  """The padded width of a batch: its longest row rounded up to a power of
+  two (at least 16), at most `width`; a few compiled shapes, not one per
+  batch, and short texts not padded to the model's positions."""
+  longest = max((len(row) for row in rows), default=1)
+  return min(width, max(16, 1 << (longest - 1).bit_length()))
+
+
 def encode_rows(tokenizer: Tokenizer, model_config: ModelConfig,
                 texts: Sequence[str], width: int,
                 warn: Callable[[str], None] | None = None) -> dict:
-  """The model's inputs [len(texts), width] of `texts`: with a tokenizer
-  that encodes pairs (`encode_pair`) and a model with token types, each
-  text (a pair where a tab splits it) as Hugging Face's tokenizer gives
-  it, cut as truncation=True cuts it (with a warning), and
+  """The model's inputs [len(texts), <= width] of `texts`: with a
+  tokenizer that encodes pairs (`encode_pair`) and a model with token
+  types, each text (a pair where a tab splits it) as Hugging Face's
+  tokenizer gives it, cut as truncation=True cuts it (with a warning), and
   'inputs_token_types'; else jaxformer's tokens cut to `width`."""
-  if not (hasattr(tokenizer, 'encode_pair') and model_config.type_vocab_size):
-    return task_batches.pad_token_rows(
-        tokenizer.encode([cut_to_tokens(t, width + 1) for t in texts]), width)
-  ids, types = [], []
-  for text in texts:
-    a, b = _pair(text, True)
-    row, row_types = tokenizer.encode_pair(a, b)
+  if not (hasattr(tokenizer, 'encode_pairs') and
+          model_config.type_vocab_size):
+    ids = tokenizer.encode([cut_to_tokens(t, width + 1) for t in texts])
+    return task_batches.pad_token_rows(ids, _bucket(ids, width))
+  pairs = [_pair(text, True) for text in texts]
+  encoded = tokenizer.encode_pairs(pairs)
+  for i, (row, _) in enumerate(encoded):
     if len(row) > width:
       if warn is not None:
         warn(f'warning: an input of {len(row)} tokens is longer than the '
              f'{width} positions of the model; it was cut as Hugging Face '
              'cuts it (truncation=True).')
-      row, row_types = tokenizer.encode_pair(a, b, max_length=width)
-    ids.append(row)
-    types.append(row_types)
-  rows = task_batches.pad_token_rows(ids, width)
+      encoded[i] = tokenizer.encode_pair(*pairs[i], max_length=width)
+  ids, types = [row for row, _ in encoded], [t for _, t in encoded]
+  rows = task_batches.pad_token_rows(ids, _bucket(ids, width))
   rows['inputs_token_types'] = task_batches.pad_token_rows(
-      types, width)['inputs']
+      types, _bucket(ids, width))['inputs']
   return rows
 
 

@@ -237,3 +237,26 @@ def test_export_ct2_encoder_gives_our_logits(imported, tmp_path):
                    '--from', imported.out, '--out', int8]) == 0
   assert np.isfinite(np.array(ctranslate2.Encoder(int8).forward_batch(
       [encodings[0].ids]).pooler_output)).all()
+
+
+@pytest.mark.parametrize('imported', ['bert-cls2-vocab-txt'], indirect=True)
+def test_predict_cuts_long_pairs_as_hugging_face_with_a_warning(
+    imported, tmp_path, capsys):
+  """A pair longer than the model's positions: cut as truncation=True cuts
+  it (longest first), said on stderr; the label as Hugging Face's."""
+  a, b = (' '.join(hf_tokenizer_folders.training_texts(30, seed=s))
+          for s in (7, 8))
+  (tmp_path / 'in.txt').write_text(f'{a}\t{b}\nthe house\n')
+  capsys.readouterr()
+  assert cli.main(['predict', '--workdir', imported.out, '--input',
+                   str(tmp_path / 'in.txt')]) == 0
+  out, err = capsys.readouterr()
+  assert 'warning: an input of' in err and 'truncation=True' in err
+  expected = imported.hf_tokenizer(a, b, truncation=True,
+                                   max_length=imported.config.max_len)
+  ids = np.array([expected['input_ids']])
+  logits = bert_folders.hf_outputs(imported.hf, ids,
+                                   np.array([expected['token_type_ids']]),
+                                   imported.config.pad_id)
+  labels = imported.ours.config.data.labels
+  assert out.splitlines()[0] == labels[int(logits.argmax())]
