@@ -10,15 +10,18 @@ A random-weight BertForSequenceClassification (d_ff 4 d, 128 positions,
 2 labels) with a WordPiece vocabulary trained here is saved, imported
 (`jaxformer import`) and exported (`--format ct2`); each engine then
 labels the same texts in batches, after one warm-up batch (jaxformer's
-compile). jaxformer pads every batch to the model's positions (one
-compiled shape); PyTorch and CTranslate2 pad to the batch's longest text.
-Needs `pip install -e ".[interop]"`.
+compile). jaxformer pads a batch to its longest text rounded up to a
+power of two (a few compiled shapes); PyTorch and CTranslate2 pad to the
+batch's longest text. Needs `pip install -e ".[interop]"`.
 
-Printed here (2-core CPU host shared with other jobs, 1024 texts of 8-60
-words, batch 64, 4 layers, width 256, 2 threads):
+Printed here (2-core CPU host shared with other jobs, load average ~11;
+1024 texts of 8-60 words, batch 64, 4 layers, width 256, 2 threads;
+float32 everywhere):
 
-  engine            texts/s
-  jaxformer             see the run's output
+  engine                   texts/s
+  jaxformer predict           60.0
+  PyTorch (transformers)      36.0
+  CTranslate2 Encoder        147.2
 """
 import argparse
 import json
