@@ -84,15 +84,16 @@ def _wordpiece_vocab(lowercase: bool) -> list[str]:
   return [t for t, _ in sorted(tok.get_vocab().items(), key=lambda kv: kv[1])]
 
 
-def write_wordpiece(folder: str, lowercase: bool, as_json: bool) -> None:
-  """vocab.txt with BertTokenizer's settings (lower-casing and accent
-  stripping with it), or that saved as tokenizer.json."""
+def write_wordpiece(folder: str, lowercase: bool, as_json: bool,
+                    strip_accents: bool | None = None) -> None:
+  """vocab.txt with BertTokenizer's settings (lower-casing; accent
+  stripping, None: with lower-casing), or that saved as tokenizer.json."""
   os.makedirs(folder, exist_ok=True)
   with open(os.path.join(folder, 'vocab.txt'), 'w', encoding='utf-8') as f:
     f.write(''.join(f'{t}\n' for t in _wordpiece_vocab(lowercase)))
   _write_json(folder, 'tokenizer_config.json', {
       'tokenizer_class': 'BertTokenizer', 'do_lower_case': lowercase,
-      'strip_accents': None, 'model_max_length': 512})
+      'strip_accents': strip_accents, 'model_max_length': 512})
   if as_json:
     import transformers
     tokenizer = transformers.AutoTokenizer.from_pretrained(folder)

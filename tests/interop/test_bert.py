@@ -260,3 +260,20 @@ def test_predict_cuts_long_pairs_as_hugging_face_with_a_warning(
                                    imported.config.pad_id)
   labels = imported.ours.config.data.labels
   assert out.splitlines()[0] == labels[int(logits.argmax())]
+
+
+@pytest.mark.parametrize('lowercase, strip_accents', [
+    (True, False), (False, True), (True, True)])
+def test_vocab_txt_casing_and_accents_tokenise_as_autotokenizer(
+    lowercase, strip_accents, tmp_path):
+  """vocab.txt with do_lower_case and strip_accents set either way."""
+  from jaxformer.interop import hf_folders
+  bert_folders.write_wordpiece(str(tmp_path), lowercase, False,
+                               strip_accents)
+  hf = transformers.AutoTokenizer.from_pretrained(str(tmp_path))
+  ours = hf_folders.load_tokenizer(str(tmp_path))
+  texts = hf_tokenizer_folders.sentences(300)
+  assert ours.encode(texts) == hf(texts)['input_ids']
+  assert [ours.encode_pair(a, b) for a, b in zip(texts, texts[::-1])] == [
+      (e['input_ids'], e['token_type_ids'])
+      for e in (hf(a, b) for a, b in zip(texts, texts[::-1]))]
