@@ -22,9 +22,7 @@ with both shapes; hf_bert.py writes with the same table. Every shape is
 checked before any value is copied, and the export is written whole or
 not at all (folders.write_export).
 """
-import base64
 import dataclasses
-import json
 import os
 from typing import NamedTuple
 
@@ -371,11 +369,7 @@ def import_folder(folder: str, out: str, base_config,
     raise BertImportError(str(e)) from None
   params = params_from_weights(weights, config, model_type, head_, folder)
   run = run_config(base_config, config, tokenizer, head_)
-  extra = {'config': json.loads(run.to_json_best_effort()),
-           'tokenizers': [base64.b64encode(
-               tokenizer.serialized_model_proto()).decode()],
-           'steps': [0], 'source': folder}
-  folders.write_export(out, params, extra, keep_provenance)
+  folders.write_import(out, params, run, [tokenizer], folder, keep_provenance)
   return config, model_type, head_.task
 
 
