@@ -1,6 +1,6 @@
 """What `jaxformer import` refuses of a BERT-family folder: each bad input
 is one line naming the head, key or file (and what is supported), exit 1,
-and nothing at --out."""
+and nothing at --out; and pytorch_model.bin weights, which it takes."""
 import shutil
 
 import pytest
@@ -69,3 +69,25 @@ def test_num_labels_is_for_base_models(good, tmp_path, capsys):
   fails_with_one_line(['import', '--from', str(good / NAME), '--num-labels',
                        '3'], tmp_path, capsys, '--num-labels 3',
                       'its own classifier head')
+
+
+def test_pytorch_model_bin_imports_as_the_safetensors_do(good, tmp_path):
+  """A folder with pytorch_model.bin in place of model.safetensors (read
+  with torch's weights_only loader) gives the same parameters."""
+  import jax
+  import numpy as np
+  import torch
+  from safetensors.torch import load_file
+  from jaxformer.checkpoints import trained
+  from jaxformer.cli import main as cli
+  folder = tmp_path / 'bin'
+  shutil.copytree(good / NAME, folder)
+  torch.save(load_file(str(folder / 'model.safetensors')),
+             str(folder / 'pytorch_model.bin'))
+  (folder / 'model.safetensors').unlink()
+  for source, out in ((good / NAME, 'a'), (folder, 'b')):
+    assert cli.main(['import', '--from', str(source), '--out',
+                     str(tmp_path / out)]) == 0
+  jax.tree.map(np.testing.assert_array_equal,
+               trained.load(str(tmp_path / 'a')).params,
+               trained.load(str(tmp_path / 'b')).params)
