@@ -30,10 +30,9 @@ def _predictor(model_config: ModelConfig, config: ml_collections.ConfigDict):
   return task, jax.jit(task.model(model_config).apply), model_config
 
 
-def _pair(line: str, pairs: bool) -> tuple[str, str | None]:
-  """(text_a, text_b) of an input line: a tab splits a pair where the
-  model reads pairs."""
-  if not pairs or '\t' not in line:
+def _pair(line: str) -> tuple[str, str | None]:
+  """(text_a, text_b) of an input line: a tab splits a pair."""
+  if '\t' not in line:
     return line, None
   a, b = line.split('\t', 1)
   return a, b
@@ -55,12 +54,13 @@ def encode_rows(tokenizer: Tokenizer, model_config: ModelConfig,
   types, each text (a pair where a tab splits it) as Hugging Face's
   tokenizer gives it, cut as truncation=True cuts it (with a warning), and
   'inputs_token_types'; else jaxformer's tokens cut to `width`."""
-  if not (hasattr(tokenizer, 'encode_pairs') and
+  if not (hasattr(tokenizer, 'encode_pair') and
           model_config.type_vocab_size):
     ids = tokenizer.encode([cut_to_tokens(t, width + 1) for t in texts])
     return task_batches.pad_token_rows(ids, _bucket(ids, width))
-  pairs = [_pair(text, True) for text in texts]
-  encoded = tokenizer.encode_pairs(pairs)
+  pairs = [_pair(text) for text in texts]
+  encoded = (tokenizer.encode_pairs(pairs) if hasattr(tokenizer, 'encode_pairs')
+             else [tokenizer.encode_pair(a, b) for a, b in pairs])
   for i, (row, _) in enumerate(encoded):
     if len(row) > width:
       if warn is not None:
@@ -69,9 +69,10 @@ def encode_rows(tokenizer: Tokenizer, model_config: ModelConfig,
              'cuts it (truncation=True).')
       encoded[i] = tokenizer.encode_pair(*pairs[i], max_length=width)
   ids, types = [row for row, _ in encoded], [t for _, t in encoded]
-  rows = task_batches.pad_token_rows(ids, _bucket(ids, width))
+  padded = _bucket(ids, width)
+  rows = task_batches.pad_token_rows(ids, padded)
   rows['inputs_token_types'] = task_batches.pad_token_rows(
-      types, _bucket(ids, width))['inputs']
+      types, padded)['inputs']
   return rows
 
 
