@@ -43,10 +43,20 @@ def cmd_export(args, overrides) -> int:
 def _export_other_format(model, args) -> str:
   """Writes `model` (a `Trained`) in args.format: a translation model as
   CTranslate2's Translator or Hugging Face's Marian, a language model as
-  CTranslate2's Generator or a Hugging Face Llama/Qwen2. Returns the line
+  CTranslate2's Generator or a Hugging Face Llama/Qwen2, an encoder-only
+  model as a Hugging Face BERT/RoBERTa/XLM-R. Returns the line
   that says how to use it."""
-  from jaxformer.interop import ct2, ct2_lm, hf_llama, hf_marian
+  from jaxformer.interop import (ct2, ct2_encoder, ct2_lm, hf_bert, hf_llama,
+                                 hf_marian)
   generates = model.task.generates
+  if args.format == 'ct2' and model.task.name in ('classification',
+                                                  'regression'):
+    out = ct2_encoder.export(model, args.out, args.quantization)
+    return (f'Wrote the CTranslate2 encoder ({args.quantization or "float32"})'
+            f' to {out}; run it with ctranslate2.Encoder({out!r}), the '
+            f'tokenizer {out}/tokenizer.json and the head {out}/'
+            'head.safetensors (docs/interop.md: "Start from a pretrained '
+            'encoder").')
   if args.format == 'ct2':
     out = (ct2_lm if generates else ct2).export(model, args.out,
                                                 args.quantization)
@@ -58,6 +68,11 @@ def _export_other_format(model, args) -> str:
            'pretrained OPUS-MT model")')
     return (f'Wrote the CTranslate2 model ({args.quantization or "float32"}) '
             f'to {out}; {use}.')
+  if model.task.name in ('classification', 'regression'):
+    out, kind = hf_bert.export(model, args.out)
+    return (f'Wrote the Hugging Face {kind} model to {out}; load it with '
+            f'AutoModelForSequenceClassification.from_pretrained({out!r}) '
+            f'and AutoTokenizer.from_pretrained({out!r}).')
   if generates:
     out = hf_llama.export(model, args.out)
     return (f'Wrote the Hugging Face {hf_llama.model_type(model.model_config)}'
@@ -71,15 +86,28 @@ def _export_other_format(model, args) -> str:
 
 
 # config.json model_type values `jaxformer import` takes.
-IMPORTED_TYPES = ('marian', 'llama', 'qwen2', 'mistral')
+IMPORTED_TYPES = ('marian', 'llama', 'qwen2', 'mistral', 'bert', 'roberta',
+                  'xlm-roberta')
 
 
 def cmd_import(args, overrides) -> int:
   """A Hugging Face folder, by its config.json model_type: Marian
-  (OPUS-MT) or the Llama family."""
+  (OPUS-MT), the Llama family or the BERT family."""
   from jaxformer.config.settings import default_config
-  from jaxformer.interop import hf_folders, llama, marian
+  from jaxformer.interop import bert, hf_folders, llama, marian
   model_type = hf_folders.model_type(args.from_)
+  if args.num_labels is not None and model_type not in bert.MODEL_TYPES:
+    raise ValueError(f'--num-labels applies to encoder imports ('
+                     f'{", ".join(bert.MODEL_TYPES)}), not {model_type!r}.')
+  if model_type in bert.MODEL_TYPES:
+    if args.dtype != 'float32':
+      raise ValueError(f'--dtype {args.dtype} applies to Llama-family '
+                       'imports; encoders import in float32.')
+    config, model_type, task = bert.import_folder(
+        args.from_, args.out, default_config(), args.num_labels,
+        args.keep_provenance)
+    print(bert.report(config, model_type, task, args.out))
+    return 0
   if model_type in llama.MODEL_TYPES:
     config, model_type = llama.import_folder(
         args.from_, args.out, default_config(), args.dtype,
@@ -124,7 +152,8 @@ def add_parsers(commands) -> None:
   export = commands.add_parser(
       'export', help='write one checkpoint as a parameters-only jaxformer '
       'export (default), a CTranslate2 model or a Hugging Face folder '
-      '(Marian for translation models, Llama/Qwen2 for language models)')
+      '(Marian for translation models, Llama/Qwen2 for language models, '
+      'BERT/RoBERTa/XLM-R for classifiers and regressors)')
   export.add_argument('--workdir', '--from', dest='workdir', required=True,
                       type=path,
                       help='a training workdir or a jaxformer export')
@@ -133,9 +162,10 @@ def add_parsers(commands) -> None:
   export.add_argument('--out', required=True, type=path,
                       help='directory to create for the export')
   export.add_argument('--format', default='jaxformer',
-                      help='jaxformer (default), ct2 (CTranslate2 Translator '
-                      'or Generator) or hf (Hugging Face MarianMTModel, or '
-                      'LlamaForCausalLM / Qwen2ForCausalLM)')
+                      help='jaxformer (default), ct2 (CTranslate2 Translator, '
+                      'Generator or Encoder) or hf (Hugging Face '
+                      'MarianMTModel, LlamaForCausalLM / Qwen2ForCausalLM, '
+                      'or BERT / RoBERTa / XLM-R ForSequenceClassification)')
   export.add_argument('--quantization', default=None,
                       help='ct2 weights: int8, int8_float32, bfloat16 or '
                       'float16 (default: float32)')
@@ -144,8 +174,9 @@ def add_parsers(commands) -> None:
 
   import_ = commands.add_parser(
       'import', help='convert a Hugging Face folder (by its config.json '
-      'model_type: marian, llama, qwen2, mistral) into a jaxformer export '
-      '(translate or generate, evaluate, fine-tune it)')
+      'model_type: marian, llama, qwen2, mistral, bert, roberta, '
+      'xlm-roberta) into a jaxformer export (translate, generate or '
+      'predict, evaluate, fine-tune it)')
   import_.add_argument('--from', dest='from_', required=True, type=path,
                        help='a local folder: config.json, model.safetensors '
                        '(or its shards; Marian: or pytorch_model.bin) and '
@@ -158,5 +189,9 @@ def add_parsers(commands) -> None:
                        help='Llama family: the parameters\' dtype, float32 '
                        '(default; bfloat16 checkpoints are widened exactly) '
                        'or bfloat16 (also the dtype it computes in)')
+  import_.add_argument('--num-labels', type=POSITIVE_INT, default=None,
+                       help='BERT family base models: a fresh head of N '
+                       'classes named 0..N-1 (1: a regressor; default: the '
+                       'labels of the training TSV)')
   add_provenance_arg(import_)
   import_.set_defaults(run=cmd_import)

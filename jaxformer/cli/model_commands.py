@@ -142,12 +142,17 @@ def cmd_translate(args, overrides) -> int:
 
 
 def cmd_predict(args, overrides) -> int:
-  """Classification: one label per stdin line; regression: its value(s)."""
+  """Classification: one label per stdin line; regression: its value(s);
+  --jsonl: one JSON object each."""
   from jaxformer.inference import predict
   model = load_trained(args, overrides)
-  for output in predict.predict_lines(model.params, model.model_config,
-                                      model.config, model.source_tok,
-                                      input_lines(args), args.batch_size):
+  for output in predict.predict_lines(
+      model.params, model.model_config, model.config, model.source_tok,
+      input_lines(args), args.batch_size, jsonl=args.jsonl,
+      warn=lambda text: print(text, file=sys.stderr)):
+    if args.jsonl:
+      print(json.dumps(output), flush=True)
+      continue
     print(output if isinstance(output, str)
           else ' '.join(f'{value:.6g}' for value in output), flush=True)
   return 0
@@ -282,6 +287,11 @@ def add_parsers(commands) -> None:
   add_model_args(predict)
   add_input_args(predict, 'texts')
   predict.add_argument('--batch-size', type=POSITIVE_INT, default=64)
+  predict.add_argument('--jsonl', action='store_true',
+                       help='print {"label", "logits"} (classification: the '
+                       'raw logits) or {"values"} (regression) per line; a '
+                       'tab in a line separates a sentence pair for models '
+                       'with token types')
   predict.set_defaults(run=cmd_predict)
 
   generate = commands.add_parser(

@@ -171,6 +171,29 @@ class HFTokenizer:
     return [encoding.ids for encoding in self._backend.encode_batch(
         list(texts), add_special_tokens=True)]
 
+  def encode_pair(self, text_a: str, text_b: str | None = None,
+                  max_length: int | None = None
+                  ) -> tuple[list[int], list[int]]:
+    """(token ids, token type ids) of a sentence pair (or of `text_a`
+    alone), as `AutoTokenizer(text_a, text_b)`: [CLS] a [SEP] b [SEP] for
+    BERT, <s> a </s></s> b </s> for RoBERTa; with `max_length`, cut as
+    truncation=True (longest_first) cuts them."""
+    return self.encode_pairs([(text_a, text_b)], max_length)[0]
+
+  def encode_pairs(self, pairs: Sequence[tuple[str, str | None]],
+                   max_length: int | None = None
+                   ) -> list[tuple[list[int], list[int]]]:
+    """`encode_pair` of each (text_a, text_b), in one batch."""
+    # AutoTokenizer reads an empty text_b as none.
+    inputs = [(a, b) if b else a for a, b in pairs]
+    if max_length is not None:
+      self._backend.enable_truncation(max_length, strategy='longest_first')
+    try:
+      encodings = self._backend.encode_batch(inputs, add_special_tokens=True)
+    finally:
+      self._backend.no_truncation()
+    return [(e.ids, e.type_ids) for e in encodings]
+
   def _cut(self, ids: Iterable[int]) -> list[int]:
     ids = np.asarray(ids, dtype=np.int64).reshape(-1)
     ends = np.flatnonzero(np.isin(ids, self.eos_ids))

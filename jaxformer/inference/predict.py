@@ -9,6 +9,7 @@ from typing import NamedTuple
 
 import jax
 import ml_collections
+import numpy as np
 
 from jaxformer.inference import generation
 from jaxformer.data import task_batches
@@ -19,22 +20,84 @@ from jaxformer.train.tasks import get_task
 
 
 def _predictor(model_config: ModelConfig, config: ml_collections.ConfigDict):
-  """(task, its model's jit-compiled apply) for `predict`."""
+  """(task, its model's jit-compiled apply, the model config) for
+  `predict`."""
   task = get_task(config.task)
   if task.prediction is None:
     raise ValueError(f'`predict` needs a classification or regression run; '
                      f'this workdir trained task={config.task!r} (use '
                      '`jaxformer generate` or `jaxformer translate`).')
-  return task, jax.jit(task.model(model_config).apply)
+  return task, jax.jit(task.model(model_config).apply), model_config
+
+
+def _pair(line: str) -> tuple[str, str | None]:
+  """(text_a, text_b) of an input line: a tab splits a pair."""
+  if '\t' not in line:
+    return line, None
+  a, b = line.split('\t', 1)
+  return a, b
+
+
+def _bucket(rows: Sequence[Sequence[int]], width: int) -> int:
+  """The padded width of a batch: its longest row rounded up to a power of
+  two (at least 16), at most `width`; a few compiled shapes, not one per
+  batch, and short texts not padded to the model's positions."""
+  longest = max((len(row) for row in rows), default=1)
+  return min(width, max(16, 1 << (longest - 1).bit_length()))
+
+
+def encode_rows(tokenizer: Tokenizer, model_config: ModelConfig,
+                texts: Sequence[str], width: int,
+                warn: Callable[[str], None] | None = None) -> dict:
+  """The model's inputs [len(texts), <= width] of `texts`: with a
+  tokenizer that encodes pairs (`encode_pair`) and a model with token
+  types, each text (a pair where a tab splits it) as Hugging Face's
+  tokenizer gives it, cut as truncation=True cuts it (with a warning), and
+  'inputs_token_types'; else jaxformer's tokens cut to `width`."""
+  if not (hasattr(tokenizer, 'encode_pair') and
+          model_config.type_vocab_size):
+    ids = tokenizer.encode([cut_to_tokens(t, width + 1) for t in texts])
+    return task_batches.pad_token_rows(ids, _bucket(ids, width))
+  pairs = [_pair(text) for text in texts]
+  encoded = (tokenizer.encode_pairs(pairs) if hasattr(tokenizer, 'encode_pairs')
+             else [tokenizer.encode_pair(a, b) for a, b in pairs])
+  for i, (row, _) in enumerate(encoded):
+    if len(row) > width:
+      if warn is not None:
+        warn(f'warning: an input of {len(row)} tokens is longer than the '
+             f'{width} positions of the model; it was cut as Hugging Face '
+             'cuts it (truncation=True).')
+      encoded[i] = tokenizer.encode_pair(*pairs[i], max_length=width)
+  ids, types = [row for row, _ in encoded], [t for _, t in encoded]
+  padded = _bucket(ids, width)
+  rows = task_batches.pad_token_rows(ids, padded)
+  rows['inputs_token_types'] = task_batches.pad_token_rows(
+      types, padded)['inputs']
+  return rows
+
+
+def records(task_name: str, outputs, config: ml_collections.ConfigDict
+            ) -> list[dict]:
+  """What `predict --jsonl` prints per text: {"label", "logits"} of a
+  classifier (its raw logits), {"values"} of a regressor."""
+  outputs = np.asarray(outputs, np.float64).tolist()
+  if task_name == 'regression':
+    return [{'values': row} for row in outputs]
+  labels = config.data.labels
+  return [{'label': labels[i] if labels else str(i), 'logits': row}
+          for row, i in zip(outputs, np.argmax(outputs, axis=-1))]
 
 
 def _predictions(predictor, params, config: ml_collections.ConfigDict,
-                 tokenizer: Tokenizer, texts: Sequence[str]) -> list:
-  task, apply = predictor
-  width = config.data.max_source_length
-  inputs = task_batches.pad_token_rows(
-      tokenizer.encode([cut_to_tokens(t, width + 1) for t in texts]), width)
-  return task.prediction(apply({'params': params}, **inputs), config)
+                 tokenizer: Tokenizer, texts: Sequence[str],
+                 jsonl: bool = False, warn=None) -> list:
+  task, apply, model_config = predictor
+  inputs = encode_rows(tokenizer, model_config, texts,
+                       config.data.max_source_length, warn)
+  outputs = apply({'params': params}, **inputs)
+  if jsonl:
+    return records(task.name, outputs, config)
+  return task.prediction(outputs, config)
 
 
 def predict(params, model_config: ModelConfig, config: ml_collections.ConfigDict,
@@ -47,13 +110,16 @@ def predict(params, model_config: ModelConfig, config: ml_collections.ConfigDict
 
 def predict_lines(params, model_config: ModelConfig,
                   config: ml_collections.ConfigDict, tokenizer: Tokenizer,
-                  lines: Iterable[str], batch_size: int) -> Iterator:
-  """`predict`'s outputs of `lines`, in order, read and predicted
-  `batch_size` at a time: one batch of the input is held, never all."""
+                  lines: Iterable[str], batch_size: int, jsonl: bool = False,
+                  warn: Callable[[str], None] | None = None) -> Iterator:
+  """`predict`'s outputs of `lines` (with `jsonl`, `records`), in order,
+  read and predicted `batch_size` at a time: one batch of the input is
+  held, never all."""
   lines, predictor = iter(lines), None
   while batch := list(itertools.islice(lines, batch_size)):
     predictor = predictor or _predictor(model_config, config)
-    yield from _predictions(predictor, params, config, tokenizer, batch)
+    yield from _predictions(predictor, params, config, tokenizer, batch,
+                            jsonl, warn)
 
 
 # ------------------------------------------------------------- generate ---

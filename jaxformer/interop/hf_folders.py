@@ -19,7 +19,11 @@ from jaxformer.data import hf_tokenizer
 from jaxformer.data import sources
 from jaxformer.data import vocab_tokenizer
 
-TOKENIZER_SOURCES = ('tokenizer.json', 'tokenizer.model')
+# The files AutoTokenizer builds a tokenizer from: tokenizers' JSON, and
+# the slow forms (SentencePiece: Llama, XLM-R; WordPiece: BERT;
+# byte-level BPE: RoBERTa).
+TOKENIZER_SOURCES = ('tokenizer.json', 'tokenizer.model',
+                     'sentencepiece.bpe.model', 'vocab.txt', 'vocab.json')
 # Small files of the folder kept with the tokenizer, for exports.
 KEPT_FILES = ('tokenizer_config.json', 'special_tokens_map.json',
               'chat_template.jinja', 'chat_template.json')
@@ -118,12 +122,16 @@ def load_tokenizer(folder: str, vocab_size: int | None = None
   source = next((name for name in TOKENIZER_SOURCES
                  if os.path.isfile(os.path.join(folder, name))), None)
   if source is None:
-    raise FolderError(f'{folder} has no tokenizer.json or tokenizer.model; '
-                      'copy the model\'s tokenizer files into it')
+    raise FolderError(f'{folder} has no tokenizer file (one of '
+                      f'{", ".join(TOKENIZER_SOURCES)}); copy the model\'s '
+                      'tokenizer files into it')
   path = os.path.join(folder, source)
   hf = _auto_tokenizer(folder, source)
+  # An encoder's (BERT's) EOS is its separator, [SEP].
+  end = hf.eos_token_id if hf.eos_token_id is not None else getattr(
+      hf, 'sep_token_id', None)
   eos_ids = generation_ids(folder, 'eos_token_id') or (
-      [] if hf.eos_token_id is None else [hf.eos_token_id])
+      [] if end is None else [end])
   if not eos_ids:
     raise FolderError(f'{folder}: no EOS token (neither the tokenizer files '
                       'nor generation_config.json name one)')

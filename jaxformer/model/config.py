@@ -78,6 +78,13 @@ class ModelConfig:
     sentence, and the decoder's first input (targets are shifted right with
     it). jaxformer's own tokenizers use 0, 1, 0 (`token_ids.py`); Marian's
     vocabularies end with the pad id, which also starts the decoder.
+  type_vocab_size: 0 for none, else a table of that many token-type
+    (segment A/B) embeddings added to the encoder's token and position
+    embeddings; inputs_token_types (None: all 0) pick the rows.
+  embedding_norm: a norm (config.norm_type, its epsilon) of the embeddings
+    (tokens + positions + token types), before their dropout.
+  pooler: encoder-only heads pass the pooled vector through a d_model ->
+    d_model dense layer and tanh before the classifier or regressor.
   zero_pad_embedding: the pad_id row of every embedding table is held at
     zero in the forward pass (so training never moves it, and with tied
     embeddings the pad logit is the output bias alone): the decoder then
@@ -114,6 +121,8 @@ class ModelConfig:
   eos_id: int = 1
   decoder_start_id: int = 0
   zero_pad_embedding: bool = False
+  type_vocab_size: int = 0
+  embedding_norm: bool = False
   embedding_dropout: float = 0.1
   residual_dropout: float = 0.1
   attention_dropout: float = 0.0
@@ -131,12 +140,16 @@ class ModelConfig:
   num_classes: int = 2
   regression_dim: int = 1
   pooling: str = 'first'
+  pooler: bool = False
 
   def __post_init__(self):
     for key, allowed in CHOICES.items():
       if getattr(self, key) not in allowed:
         raise ValueError(
             f'model.{key}={getattr(self, key)!r} is not one of {allowed}.')
+    if self.type_vocab_size < 0:
+      raise ValueError(f'model.type_vocab_size={self.type_vocab_size} must '
+                       'be 0 (no token types) or more.')
     if self.position_offset < 0:
       raise ValueError(f'model.position_offset={self.position_offset} must '
                        'be 0 or more.')

@@ -125,6 +125,24 @@ class AddPositions(nn.Module):
                         axis=0).astype(x.dtype)
 
 
+class TokenTypes(nn.Module):
+  """Adds the token-type (segment A/B) embeddings of
+  config.type_vocab_size rows."""
+  config: ModelConfig
+
+  @nn.compact
+  def __call__(self, x: jax.Array, token_types: jax.Array | None
+               ) -> jax.Array:
+    """x: [batch, length, d_model]; token_types: [batch, length] int, or
+    None for all 0."""
+    table = self.param('embedding', nn.with_logical_partitioning(
+        nn.initializers.normal(stddev=0.02), (None, 'embed')),
+        (self.config.type_vocab_size, self.config.d_model), jnp.float32)
+    if token_types is None:
+      return x + table[0].astype(x.dtype)
+    return x + jnp.take(table, token_types, axis=0).astype(x.dtype)
+
+
 class Linear(nn.Module):
   """y = x W^T + b over the last `in_ndim` axes of x.
 
@@ -294,6 +312,12 @@ def norm(config: ModelConfig, name: str) -> nn.Module:
       scale_init=scale_init,
       bias_init=nn.with_logical_partitioning(nn.initializers.zeros, ('embed',)),
       name=name)
+
+
+def embedding_norm(config: ModelConfig, x: jax.Array) -> jax.Array:
+  """x [batch, length, d_model] through the norm 'embedding_norm' where
+  config.embedding_norm asks for one (called inside a compact method)."""
+  return norm(config, 'embedding_norm')(x) if config.embedding_norm else x
 
 
 def residual(x: jax.Array, sublayer: Callable[[jax.Array], jax.Array],

@@ -130,11 +130,16 @@ class Encoder(nn.Module):
   deterministic: bool = True
 
   @nn.compact
-  def __call__(self, inputs, segment_ids, positions, packed=True):
+  def __call__(self, inputs, segment_ids, positions, packed=True,
+               token_types=None):
     """inputs, segment_ids, positions: [batch, s] int -> [batch, s, d_model].
-    packed=False promises one example per row (see `Segments`)."""
+    packed=False promises one example per row (see `Segments`);
+    token_types: [batch, s] int or None (all 0; model.type_vocab_size)."""
     cfg = self.config
     x = layers.AddPositions(cfg, name='positions')(self.embed(inputs), positions)
+    if cfg.type_vocab_size:
+      x = layers.TokenTypes(cfg, name='token_types')(x, token_types)
+    x = layers.embedding_norm(cfg, x)
     x = layers.Dropout(cfg.embedding_dropout)(x, deterministic=self.deterministic)
     mask = Segments(segment_ids, segment_ids, causal=False, packed=packed)
     x = stack_layers(EncoderLayer, cfg, cfg.num_encoder_layers,
@@ -178,6 +183,7 @@ class Decoder(nn.Module):
     cfg = self.config
     x = layers.AddPositions(cfg, name='positions')(
         self.embed(decoder_inputs), positions)
+    x = layers.embedding_norm(cfg, x)
     x = layers.Dropout(cfg.embedding_dropout)(x, deterministic=self.deterministic)
     self_mask = Segments(segment_ids, segment_ids, causal=True, packed=packed)
     cross_mask = None
@@ -328,38 +334,48 @@ class PooledEncoder(nn.Module):
   deterministic: bool = True
 
   @nn.compact
-  def __call__(self, inputs, inputs_segment_ids=None, inputs_positions=None):
-    """[batch, s] int -> [batch, d_model] (compute dtype)."""
+  def __call__(self, inputs, inputs_segment_ids=None, inputs_positions=None,
+               inputs_token_types=None):
+    """[batch, s] int -> [batch, d_model] (compute dtype); with
+    model.pooler, through the dense layer 'pooler' and tanh."""
+    cfg = self.config
     packed = inputs_segment_ids is not None
     segment_ids, positions = default_segments(
-        inputs, inputs_segment_ids, inputs_positions, self.config.pad_id)
-    embed = layers.Embed(self.config.vocab_size, self.config, name='embed')
-    x = Encoder(self.config, embed, self.deterministic, name='encoder')(
-        inputs, segment_ids, positions, packed)
-    return pool(x, segment_ids, self.config.pooling)
+        inputs, inputs_segment_ids, inputs_positions, cfg.pad_id)
+    embed = layers.Embed(cfg.vocab_size, cfg, name='embed')
+    x = Encoder(cfg, embed, self.deterministic, name='encoder')(
+        inputs, segment_ids, positions, packed, inputs_token_types)
+    pooled = pool(x, segment_ids, cfg.pooling)
+    if cfg.pooler:
+      pooled = jnp.tanh(layers.Linear((cfg.d_model,), (None, 'embed'), cfg,
+                                      name='pooler')(pooled))
+    return pooled
 
 
 def _pooled_head(module: nn.Module, size: int, name: str, inputs,
-                 inputs_segment_ids, inputs_positions) -> jax.Array:
+                 inputs_segment_ids, inputs_positions,
+                 inputs_token_types) -> jax.Array:
   """The encoder-only heads' shared body, called inside `module`'s compact
   method: pooled encoder states [batch, d_model] -> [batch, size] float32."""
   cfg = module.config
   pooled = PooledEncoder(cfg, module.deterministic, name='body')(
-      inputs, inputs_segment_ids, inputs_positions)
+      inputs, inputs_segment_ids, inputs_positions, inputs_token_types)
   return layers.Linear((size,), (None, 'embed'), cfg, name=name)(
       pooled).astype(jnp.float32)
 
 
 class EncoderClassifier(nn.Module):
-  """Encoder-only classifier: log-probabilities [batch, num_classes]."""
+  """Encoder-only classifier: logits [batch, num_classes] float32 (the
+  loss takes their log_softmax)."""
   config: ModelConfig
   deterministic: bool = True
 
   @nn.compact
-  def __call__(self, inputs, inputs_segment_ids=None, inputs_positions=None):
-    return jax.nn.log_softmax(_pooled_head(
-        self, self.config.num_classes, 'classifier', inputs,
-        inputs_segment_ids, inputs_positions))
+  def __call__(self, inputs, inputs_segment_ids=None, inputs_positions=None,
+               inputs_token_types=None):
+    return _pooled_head(self, self.config.num_classes, 'classifier', inputs,
+                        inputs_segment_ids, inputs_positions,
+                        inputs_token_types)
 
 
 class EncoderRegressor(nn.Module):
@@ -368,6 +384,8 @@ class EncoderRegressor(nn.Module):
   deterministic: bool = True
 
   @nn.compact
-  def __call__(self, inputs, inputs_segment_ids=None, inputs_positions=None):
+  def __call__(self, inputs, inputs_segment_ids=None, inputs_positions=None,
+               inputs_token_types=None):
     return _pooled_head(self, self.config.regression_dim, 'regressor', inputs,
-                        inputs_segment_ids, inputs_positions)
+                        inputs_segment_ids, inputs_positions,
+                        inputs_token_types)

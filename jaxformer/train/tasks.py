@@ -39,6 +39,15 @@ def _packing(batch, prefix):
           f'{prefix}_positions': batch.get(f'{prefix}_positions')}
 
 
+def _encoder_inputs(batch):
+  """The encoder-only models' keyword arrays: packing, and the token types
+  (sentence pairs) where the batch has them."""
+  inputs = _packing(batch, 'inputs')
+  if batch.get('inputs_token_types') is not None:
+    inputs['inputs_token_types'] = batch['inputs_token_types']
+  return inputs
+
+
 def _example_weights(batch):
   """1 for real examples, 0 for padding rows (all-padding inputs)."""
   return (batch['inputs'] != 0).any(axis=-1).astype(jnp.float32)
@@ -69,8 +78,9 @@ def language_model_sums(model, params, batch, rngs, label_smoothing):
 
 
 def classification_sums(model, params, batch, rngs, label_smoothing):
-  log_probs = model.apply({'params': params}, batch['inputs'],
-                          **_packing(batch, 'inputs'), rngs=rngs)
+  logits = model.apply({'params': params}, batch['inputs'],
+                       **_encoder_inputs(batch), rngs=rngs)
+  log_probs = jax.nn.log_softmax(logits)
   return losses.class_metrics(log_probs, batch['labels'],
                               _example_weights(batch), label_smoothing)
 
@@ -78,14 +88,16 @@ def classification_sums(model, params, batch, rngs, label_smoothing):
 def regression_sums(model, params, batch, rngs, label_smoothing):
   del label_smoothing
   predictions = model.apply({'params': params}, batch['inputs'],
-                            **_packing(batch, 'inputs'), rngs=rngs)
+                            **_encoder_inputs(batch), rngs=rngs)
   return losses.regression_metrics(predictions, batch['values'],
                                    _example_weights(batch))
 
 
 def _class_names(outputs, config):
-  """[batch, num_classes] log-probabilities -> the class names."""
-  return [config.data.labels[i] for i in np.asarray(outputs).argmax(axis=-1)]
+  """[batch, num_classes] logits -> the class names."""
+  labels = config.data.labels  # Empty: a fresh head not trained yet.
+  return [labels[i] if labels else str(i)
+          for i in np.asarray(outputs).argmax(axis=-1)]
 
 
 def _values(outputs, config):

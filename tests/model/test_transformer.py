@@ -89,12 +89,33 @@ def test_decoder_lm_gives_logits_per_position():
 
 
 @pytest.mark.parametrize('pooling', ['first', 'mean'])
-def test_classifier_gives_log_probabilities(pooling):
+def test_classifier_gives_logits(pooling):
   model = EncoderClassifier(TINY.replace(pooling=pooling))
   params = init(model, INPUTS)
-  log_probs = model.apply({'params': params}, INPUTS)
-  assert log_probs.shape == (2, 3) and log_probs.dtype == jnp.float32
-  np.testing.assert_allclose(jnp.exp(log_probs).sum(-1), 1.0, rtol=1e-5)
+  logits = model.apply({'params': params}, INPUTS)
+  assert logits.shape == (2, 3) and logits.dtype == jnp.float32
+  # Raw logits (the loss takes their log_softmax), not log-probabilities.
+  assert not np.allclose(jnp.exp(logits).sum(-1), 1.0, rtol=1e-3)
+
+
+def test_token_types_embedding_norm_and_pooler():
+  """model.type_vocab_size adds a row per token type (None: row 0),
+  model.embedding_norm normalises the embeddings, model.pooler adds a
+  tanh dense layer to the pooled vector."""
+  config = TINY.replace(type_vocab_size=2, embedding_norm=True, pooler=True)
+  model = EncoderClassifier(config)
+  params = init(model, INPUTS)
+  body = params['body']
+  assert body['encoder']['token_types']['embedding'].shape == (2, 32)
+  assert 'embedding_norm' in body['encoder'] and 'pooler' in body
+  types = jnp.zeros_like(INPUTS)
+  default = model.apply({'params': params}, INPUTS)
+  np.testing.assert_allclose(
+      model.apply({'params': params}, INPUTS, inputs_token_types=types),
+      default, atol=1e-6)
+  assert not np.allclose(model.apply({'params': params}, INPUTS,
+                                     inputs_token_types=types.at[:, 2:].set(1)),
+                         default, atol=1e-4)
 
 
 def test_regressor_gives_values():
@@ -390,6 +411,8 @@ def test_both_norm_positions_learn_to_copy(norm_position):
     (DecoderLM, MODERN),
     (EncoderClassifier, TINY),
     (EncoderClassifier, MODERN),
+    (EncoderClassifier, TINY.replace(type_vocab_size=2, embedding_norm=True,
+                                     pooler=True)),
     (EncoderRegressor, TINY),
 ])
 def test_every_parameter_has_logical_axis_names(model_cls, config):
