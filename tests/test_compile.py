@@ -155,6 +155,7 @@ def test_shape_bytes():
 def test_topology_names_follow_google_accelerator_types():
   v5p = topology_lib.topology('v5p-64')  # TensorCores: 32 chips of 2.
   assert (v5p.chips, v5p.chip.hbm_gib) == (32, 95)
+  assert topology_lib.topology('v5p-256').chips == 128
   assert topology_lib.topology('v4-8').chips == 4
   assert topology_lib.topology('v5e-8').chips == 8  # v5e and v6e count chips.
   assert topology_lib.topology('v6e-256').chips == 256
