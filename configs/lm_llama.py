@@ -1,0 +1,123 @@
+"""A Llama-style decoder-only language model trained from scratch: rotary
+positions, RMSNorm before each block and after the last, SwiGLU FFNs,
+grouped-query attention, no biases, no dropout; AdamW with a warm-up and
+cosine decay. The text after the colon picks the size:
+
+  jaxformer train --config configs/lm_llama.py:tiny --workdir runs/tiny
+  jaxformer train --config configs/lm_llama.py:1b --workdir gs://BUCKET/1b \\
+      --config.data.text.train=gs://BUCKET/train.txt \\
+      --config.data.text.dev=gs://BUCKET/dev.txt
+  jaxformer generate --workdir runs/tiny --prompt "yesterday she bought"
+
+Presets (parameters counted by tests/test_lm_llama.py):
+
+  tiny  d_model 64, 2 layers, 4 heads / 2 kv, d_ff 128, tied; the built-in
+        English sentences, 30 steps: a CPU test in seconds (90k params).
+  125m  768, 12 layers, 12 / 4 kv, d_ff 2048, 32,000 pieces, tied; 2048
+        tokens x 256 rows (0.5M tokens a step), 20k steps (128M params).
+  1b    Llama-3.2-1B's shape: 2048, 16 layers, 32 / 8 kv, d_ff 8192,
+        128,256 pieces, tied, rope_theta 500,000 with llama3 scaling (factor
+        32, original 8192); 4096 x 256 rows (1M tokens), 50k steps (1.24B).
+  8b    Llama-3.1-8B's shape: 4096, 32 layers, 32 / 8 kv, d_ff 14336,
+        128,256 pieces, untied head, llama3 scaling factor 8; 4096 x 512
+        rows (2M tokens), 100k steps (8.03B).
+
+125m and up compute in bfloat16 with scanned layers (1b and 8b also
+rematerialised: model.remat_policy=full) and shard parameters, gradients
+and Adam moments over every chip (mesh.fsdp=-1, FSDP); the batch is split
+over the same chips. A batch holds documents packed into rows (one document
+a line, each the start token + text + EOS, every token a target:
+data.lm_rows=packed). tiny reads the built-in sentences; the others read
+data.text.train / dev (local or gs://; placeholders data/train.txt and
+data/dev.txt until set).
+
+The tokenizer is the run's own, as in configs/lm_quick.py: a SentencePiece
+BPE model of data.tokenizer.vocab_size pieces (the preset's vocabulary)
+trained by process 0 on a seeded sample of data.tokenizer.sample_size train
+lines and kept in the workdir. A 128,256-piece BPE needs a large sample
+(the 1b and 8b presets take 1,000,000 lines) and takes a while to train;
+any tokenizer file a jaxformer run, export or import saved may stand in:
+--config.data.tokenizer.model_path=models/llama/tokenizer/joint.model with
+--config.data.tokenizer.vocab_size=128256 (an imported Llama 3's, whose
+pad and EOS the model takes; the start token stays id 0).
+"""
+from jaxformer.config.settings import default_config, small_task_config
+
+# d_model, layers, heads, kv heads, d_ff, vocabulary, tied head.
+SHAPES = {
+    'tiny': (64, 2, 4, 2, 128, 256, True),
+    '125m': (768, 12, 12, 4, 3072, 32_000, True),
+    '1b': (2048, 16, 32, 8, 8192, 128_256, True),
+    '8b': (4096, 32, 32, 8, 14_336, 128_256, False),
+}
+# Sequence length, rows a step, steps, peak learning rate, warm-up steps.
+TRAINING = {
+    'tiny': (64, 16, 30, 3e-3, 5),
+    '125m': (2048, 256, 20_000, 6e-4, 1000),
+    '1b': (4096, 256, 50_000, 4e-4, 2000),
+    '8b': (4096, 512, 100_000, 3e-4, 2000),
+}
+# RoPE base and llama3 scaling factor (0: no scaling).
+ROPE = {'tiny': (10_000.0, 0), '125m': (10_000.0, 0),
+        '1b': (500_000.0, 32.0), '8b': (500_000.0, 8.0)}
+PRESETS = tuple(SHAPES)
+
+
+def get_config(arg: str = 'tiny'):
+  if arg not in SHAPES:
+    raise ValueError(f'configs/lm_llama.py:{arg} is not a preset; choose one '
+                     f'of {", ".join(PRESETS)} (configs/lm_llama.py:1b).')
+  if arg == 'tiny':
+    config = small_task_config('language_model', 'sentences', 'perplexity',
+                               'min', runlocal=True)
+  else:
+    config = _text_config()
+  _set_model(config, arg)
+  length, rows, steps, peak, warmup = TRAINING[arg]
+  config.model.max_len = max(length, config.model.max_len)
+  config.data.update(max_target_length=length, batch_size=rows)
+  config.train.update(num_steps=steps, schedule='warmup_cosine',
+                      learning_rate=peak, warmup_steps=warmup, b1=0.9,
+                      b2=0.95, eps=1e-8, weight_decay=0.1, grad_clip_norm=1.0,
+                      label_smoothing=0.0)
+  return config
+
+
+def _text_config():
+  """Plain text on an accelerator slice: FSDP over every chip."""
+  config = default_config()
+  config.task = 'language_model'
+  config.mesh.update(data=1, fsdp=-1)
+  config.data.update(source='text', lm_rows='packed')
+  config.data.text.update(train='data/train.txt', dev='data/dev.txt', test='')
+  config.data.tokenizer.update(sample_size=200_000)
+  config.train.log_every = 100
+  config.eval.update(every=1000, num_batches=50, bleu_examples=0,
+                     final_split='')
+  config.checkpoint.update(every=1000, keep=3, best_metric='perplexity',
+                           best_mode='min')
+  return config
+
+
+def _set_model(config, preset: str) -> None:
+  d_model, layers, heads, kv_heads, d_ff, vocab, tied = SHAPES[preset]
+  theta, factor = ROPE[preset]
+  config.model.update(
+      d_model=d_model, num_encoder_layers=0, num_decoder_layers=layers,
+      num_heads=heads, num_kv_heads=kv_heads, head_dim=0, d_ff=d_ff,
+      share_embeddings='all' if tied else 'none', norm_position='pre',
+      norm_type='rms', rms_norm_epsilon=1e-5, activation='swiglu',
+      position_embedding='rope', rope_theta=theta, scale_embedding=False,
+      use_bias=False, logits_bias=False, output_bias=False,
+      embedding_dropout=0.0, residual_dropout=0.0, attention_dropout=0.0,
+      ffn_dropout=0.0)
+  if factor:
+    config.model.update(rope_scaling='llama3', rope_scaling_factor=factor,
+                        rope_low_freq_factor=1.0, rope_high_freq_factor=4.0,
+                        rope_original_max_len=8192)
+  config.data.tokenizer.vocab_size = vocab
+  if preset != 'tiny':
+    config.model.update(dtype='bfloat16', scan_layers=True)
+  if preset in ('1b', '8b'):
+    config.model.remat_policy = 'full'
+    config.data.tokenizer.sample_size = 1_000_000
