@@ -34,12 +34,17 @@ data/dev.txt until set).
 The tokenizer is the run's own, as in configs/lm_quick.py: a SentencePiece
 BPE model of data.tokenizer.vocab_size pieces (the preset's vocabulary)
 trained by process 0 on a seeded sample of data.tokenizer.sample_size train
-lines and kept in the workdir. A 128,256-piece BPE needs a large sample
-(the 1b and 8b presets take 1,000,000 lines) and takes a while to train;
-any tokenizer file a jaxformer run, export or import saved may stand in:
---config.data.tokenizer.model_path=models/llama/tokenizer/joint.model with
---config.data.tokenizer.vocab_size=128256 (an imported Llama 3's, whose
-pad and EOS the model takes; the start token stays id 0).
+lines and kept in the workdir (<workdir>/tokenizer/joint.model). A
+128,256-piece BPE needs a large sample (the 1b and 8b presets take
+1,000,000 lines) and takes a while to train. Any tokenizer file a jaxformer
+run keeps there may stand in: --config.data.tokenizer.model_path=FILE with
+--config.data.tokenizer.vocab_size=N --config.model.vocab_size=N, its size
+(`jaxformer compile` reads the latter). A run of configs/finetune_lm.py
+from an imported Llama 3 (`jaxformer import`) keeps Llama 3's byte-level BPE
+(128,256 ids) there; the model then pads and ends documents with its ids,
+and --config.model.decoder_start_id=128000 starts each document with its
+<|begin_of_text|> instead of id 0 (tests/interop/test_lm_llama_tokenizer.py
+trains tiny so on a small Llama 3-style tokenizer).
 """
 from jaxformer.config.settings import default_config, small_task_config
 
@@ -115,6 +120,7 @@ def _set_model(config, preset: str) -> None:
     config.model.update(rope_scaling='llama3', rope_scaling_factor=factor,
                         rope_low_freq_factor=1.0, rope_high_freq_factor=4.0,
                         rope_original_max_len=8192)
+  config.model.vocab_size = vocab  # The tokenizer's size replaces it.
   config.data.tokenizer.vocab_size = vocab
   if preset != 'tiny':
     config.model.update(dtype='bfloat16', scan_layers=True)
