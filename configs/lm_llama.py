@@ -23,9 +23,9 @@ Presets (parameters counted by tests/test_lm_llama.py):
         rows (2M tokens), 100k steps (8.03B).
 
 125m and up compute in bfloat16 with scanned layers (1b and 8b also
-rematerialised: model.remat_policy dots and full) and shard parameters, gradients
-and Adam moments over every chip (mesh.fsdp=-1, FSDP); the batch is split
-over the same chips. A batch holds documents packed into rows (one document
+rematerialised: model.remat_policy dots and full) and shard parameters,
+gradients and Adam moments over every chip (mesh.fsdp=-1, FSDP); the batch
+is split over the same chips. A batch holds documents packed into rows (one document
 a line, each the start token + text + EOS, every token a target:
 data.lm_rows=packed). tiny reads the built-in sentences; the others read
 data.text.train / dev (local or gs://; placeholders data/train.txt and
