@@ -23,10 +23,11 @@ Presets (parameters counted by tests/test_lm_llama.py):
         rows (2M tokens), 100k steps (8.03B).
 
 125m and up compute in bfloat16 with scanned layers (1b and 8b also
-rematerialised: model.remat_policy dots and full) and shard parameters,
-gradients and Adam moments over every chip (mesh.fsdp=-1, FSDP); the batch
-is split over the same chips. A batch holds documents packed into rows (one document
-a line, each the start token + text + EOS, every token a target:
+rematerialised: model.remat_policy=dots, which saves the matmuls' outputs
+and recomputes the rest) and shard parameters, gradients and Adam moments
+over every chip (mesh.fsdp=-1, FSDP); the batch is split over the same
+chips. A batch holds documents packed into rows (one document a line,
+each the start token + text + EOS, every token a target:
 data.lm_rows=packed). tiny reads the built-in sentences; the others read
 data.text.train / dev (local or gs://; placeholders data/train.txt and
 data/dev.txt until set).
@@ -56,14 +57,15 @@ compile-only client on a CPU), per chip of 95 GiB:
     reduce-scatter 112 windowed, 21,840 collective-permutes (11.04 GiB);
     output layer 11 chunks. Model FLOPs 296 TFLOP per chip a step: 0.64 s
     at the chip's peak.
-  8b, v5p-256 (128 chips, 32 hosts), fsdp=128, 4 rows a chip, remat full:
-    0.70 GiB arguments + 13.16 GiB temporaries = 13.93 GiB, fits; per step
-    487 all-reduces (47.4 GiB; 15 in the scanned layers' loop bodies, run
-    32 times) and 2 all-to-alls, no all-gather or reduce-scatter: XLA laid
-    out this FSDP step unlike the 1b's. Model FLOPs 843 TFLOP per chip:
+  8b, v5p-256 (128 chips, 32 hosts), fsdp=128, 4 rows a chip, remat dots:
+    0.70 GiB arguments + 51.95 GiB temporaries = 52.72 GiB, fits (remat
+    full: 13.93 GiB); per step 487 all-reduces (44.9 GiB; 15 in the
+    scanned layers' loop bodies, run 32 times) and 2 all-to-alls, no
+    all-gather or reduce-scatter: XLA laid out this FSDP step unlike the
+    1b's. Model FLOPs 843 TFLOP per chip:
     1.84 s at peak.
-XLA's cost model counts one layer of a scan (41.7 and 109 ms, "MFU" 1546%
-and 1680%), so it gives no step time here; docs/pods.md has the table.
+XLA's cost model counts one layer of a scan (41.7 and 96.9 ms, "MFU" 1546%
+and 1896%), so it gives no step time here; docs/pods.md has the table.
 """
 from jaxformer.config.settings import default_config, small_task_config
 
@@ -144,6 +146,5 @@ def _set_model(config, preset: str) -> None:
   if preset != 'tiny':
     config.model.update(dtype='bfloat16', scan_layers=True)
   if preset in ('1b', '8b'):
-    # What fits 95 GiB a chip (see above); 'dots' recomputes no matmul.
-    config.model.remat_policy = 'dots' if preset == '1b' else 'full'
+    config.model.remat_policy = 'dots'  # Fits 95 GiB a chip (see above).
     config.data.tokenizer.sample_size = 1_000_000

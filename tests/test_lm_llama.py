@@ -33,7 +33,7 @@ def test_the_large_presets_shard_scan_and_rematerialise():
     config = settings.load_config(f'{CONFIG}:{preset}')
     assert (config.mesh.data, config.mesh.fsdp) == (1, -1)
     assert config.model.scan_layers
-    assert config.model.remat_policy == {'1b': 'dots', '8b': 'full'}[preset]
+    assert config.model.remat_policy == 'dots'
     assert config.model.rope_scaling == 'llama3'
     assert config.data.source == 'text' and config.data.lm_rows == 'packed'
   assert settings.load_config(f'{CONFIG}:1b').model.share_embeddings == 'all'
