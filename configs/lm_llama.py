@@ -1,7 +1,8 @@
 """A Llama-style decoder-only language model trained from scratch: rotary
 positions, RMSNorm before each block and after the last, SwiGLU FFNs,
-grouped-query attention, no biases, no dropout; AdamW with a warm-up and
-cosine decay. The text after the colon picks the size:
+grouped-query attention, no biases, no dropout; AdamW (betas 0.9, 0.95;
+weight decay 0.1 on every parameter; gradients clipped at norm 1) with a
+warm-up and cosine decay to 0. The text after the colon picks the size:
 
   jaxformer train --config configs/lm_llama.py:tiny --workdir runs/tiny
   jaxformer train --config configs/lm_llama.py:1b --workdir gs://BUCKET/1b \\
