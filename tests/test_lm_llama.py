@@ -28,14 +28,14 @@ def test_every_preset_builds_with_its_parameter_count(preset):
   assert count_params(spec.abstract_params()) == PARAMS[preset]
 
 
-def test_the_large_presets_shard_scan_and_rematerialise():
-  for preset in ('1b', '8b'):
+def test_the_accelerator_presets_shard_scan_and_rematerialise():
+  for preset in ('125m', '1b', '8b'):
     config = settings.load_config(f'{CONFIG}:{preset}')
     assert (config.mesh.data, config.mesh.fsdp) == (1, -1)
-    assert config.model.scan_layers
-    assert config.model.remat_policy == 'dots'
-    assert config.model.rope_scaling == 'llama3'
+    assert config.model.scan_layers and config.model.remat_policy == 'dots'
+    assert config.model.dtype == 'bfloat16'
     assert config.data.source == 'text' and config.data.lm_rows == 'packed'
+    assert (config.model.rope_scaling == 'llama3') == (preset != '125m')
   assert settings.load_config(f'{CONFIG}:1b').model.share_embeddings == 'all'
   assert settings.load_config(f'{CONFIG}:8b').model.share_embeddings == 'none'
 
