@@ -206,6 +206,7 @@ def test_shape_bytes():
 def test_topology_names_follow_google_accelerator_types():
   v5p = topology_lib.topology('v5p-64')  # TensorCores: 32 chips of 2.
   assert (v5p.chips, v5p.chip.hbm_gib) == (32, 95)
+  assert topology_lib.topology('v5p-256').chips == 128
   assert topology_lib.topology('v4-8').chips == 4
   assert topology_lib.topology('v5e-8').chips == 8  # v5e and v6e count chips.
   assert topology_lib.topology('v6e-256').chips == 256
@@ -382,3 +383,18 @@ def test_oversized_batch_does_not_fit_and_says_what_to_change(
   report = json.loads(path.read_text())
   [train] = report['programs']
   assert not train['fits'] and train['shortfall_gib'] > 0
+
+
+def test_llama_tiny_compiles_with_gqa_over_fsdp_and_tensor():
+  """configs/lm_llama.py:tiny (RoPE, RMSNorm, SwiGLU, 4 heads over 2 kv
+  heads), its train step with the kv heads split over `tensor` and the
+  parameters over `fsdp`: the TPU compiler takes the layout (at these
+  sizes attention is the einsum one, not splash)."""
+  config = load_config('configs/lm_llama.py:tiny', [
+      '--config.mesh.data=1', '--config.mesh.fsdp=2', '--config.mesh.tensor=2'])
+  report = compile_run(config, 'v5e-4', kinds=('train',), log=print)
+  train = _program(report, 'train')
+  assert report['mesh'] == {'data': 1, 'fsdp': 2, 'tensor': 2}
+  assert train['program'] == 'train 16x64' and train['fits'], train
+  # Partial sums over `tensor`, parameters gathered over `fsdp`.
+  assert train['collectives']['all-reduce']['count'] >= 1

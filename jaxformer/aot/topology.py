@@ -47,7 +47,8 @@ def _topologies():
                       (64, '2x4x4')):
     table[f'v4-{cores}'] = Topology(f'v4-{cores}', CHIPS['v4'], grid)
   for cores, grid in ((8, '2x2x1'), (16, '2x2x2'), (32, '2x2x4'),
-                      (64, '2x4x4'), (128, '4x4x4'), (512, '4x8x8')):
+                      (64, '2x4x4'), (128, '4x4x4'), (256, '4x4x8'),
+                      (512, '4x8x8')):
     table[f'v5p-{cores}'] = Topology(f'v5p-{cores}', CHIPS['v5p'], grid)
   for chip in ('v5e', 'v6e'):
     for chips, grid in ((4, '2x2'), (8, '2x4'), (16, '4x4'), (32, '4x8'),
