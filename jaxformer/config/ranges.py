@@ -55,6 +55,7 @@ RANGES = {
     'model.num_encoder_layers': NON_NEGATIVE,
     'model.num_decoder_layers': NON_NEGATIVE,
     'model.max_len': POSITIVE,
+    'model.position_offset': NON_NEGATIVE,
     'model.embedding_dropout': PROBABILITY,
     'model.residual_dropout': PROBABILITY,
     'model.attention_dropout': PROBABILITY,
@@ -66,6 +67,7 @@ RANGES = {
     'model.rope_low_freq_factor': ABOVE_ZERO,
     'model.rope_high_freq_factor': ABOVE_ZERO,
     'model.rope_original_max_len': POSITIVE,
+    'model.type_vocab_size': NON_NEGATIVE,  # 0: no token types
     'model.num_classes': POSITIVE,
     'model.regression_dim': POSITIVE,
     'model.pad_id': NON_NEGATIVE,  # ids of the vocabulary (ModelConfig checks
