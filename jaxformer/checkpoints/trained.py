@@ -21,7 +21,7 @@ from jaxformer.storage import paths
 from jaxformer.data.tokenizer import Tokenizer, from_serialized, model_paths
 from jaxformer.model import config as model_config_lib
 from jaxformer.train.run_spec import RunSpec
-from jaxformer.train.tasks import Task
+from jaxformer.train.tasks import Task, get_task
 
 
 @dataclasses.dataclass(frozen=True)
@@ -135,15 +135,36 @@ def pretrained_start(config: ml_collections.ConfigDict):
   if saved.task != config.task:
     raise ValueError(f'--config.init.pretrained={directory} is a {saved.task!r} '
                      f'model; this config trains task={config.task!r}.')
+  _take_labels(config, saved.data.get('labels', []), directory)
   model = saved.model.to_dict()
   model.update({k: config.model[k] for k in FINETUNE_MODEL_KEYS})
   config.model = ml_collections.ConfigDict(model)
+  for key in get_task(config.task).length_keys():
+    if config.data[key] > config.model.max_len:
+      raise ValueError(
+          f'data.{key}={config.data[key]} is above the max_len='
+          f'{config.model.max_len} positions of --config.init.pretrained='
+          f'{directory}; lower data.{key}.')
   tokenizer = saved.data.tokenizer
   config.data.tokenizer.update(
       joint=tokenizer.joint, vocab_size=tokenizer.vocab_size,
       target_vocab_size=tokenizer.get('target_vocab_size', 0),
       model_path='', source_model_path='', target_model_path='')
   return config, tokenizers_from_extra(extra)
+
+
+def _take_labels(config: ml_collections.ConfigDict, labels, directory: str
+                 ) -> None:
+  """A classifier's labels are those of its head (in its order); a model
+  without them (a fresh head) takes data.labels or the train split's."""
+  if not labels:
+    return
+  if config.data.labels and list(config.data.labels) != list(labels):
+    raise ValueError(
+        f'data.labels={list(config.data.labels)} differs from the labels '
+        f'{list(labels)} of --config.init.pretrained={directory}, whose head '
+        'predicts them in that order; leave data.labels empty.')
+  config.data.labels = list(labels)
 
 
 def write_tokenizers(data_config: ml_collections.ConfigDict, workdir: str,

@@ -83,6 +83,9 @@ class ModelConfig:
     embeddings the pad logit is the output bias alone): the decoder then
     starts from the zero vector (plus position 0), as Marian and CTranslate2
     assume.
+  type_vocab_size: rows of the encoder's token-type table
+    ('token_type_embedding', added to the token embeddings: BERT's segment
+    A / B of a sentence pair); 0: no token types.
   """
   vocab_size: int = 8000
   target_vocab_size: int = 0  # 0: same as vocab_size.
@@ -131,6 +134,7 @@ class ModelConfig:
   num_classes: int = 2
   regression_dim: int = 1
   pooling: str = 'first'
+  type_vocab_size: int = 0
 
   def __post_init__(self):
     for key, allowed in CHOICES.items():

@@ -130,11 +130,21 @@ class Encoder(nn.Module):
   deterministic: bool = True
 
   @nn.compact
-  def __call__(self, inputs, segment_ids, positions, packed=True):
+  def __call__(self, inputs, segment_ids, positions, packed=True,
+               token_types=None):
     """inputs, segment_ids, positions: [batch, s] int -> [batch, s, d_model].
-    packed=False promises one example per row (see `Segments`)."""
+    packed=False promises one example per row (see `Segments`).
+    token_types: [batch, s] int (None: all 0), read only with
+    config.type_vocab_size."""
     cfg = self.config
-    x = layers.AddPositions(cfg, name='positions')(self.embed(inputs), positions)
+    x = self.embed(inputs)
+    if cfg.type_vocab_size:
+      table = self.param('token_type_embedding', nn.with_logical_partitioning(
+          nn.initializers.normal(stddev=0.02), (None, 'embed')),
+                         (cfg.type_vocab_size, cfg.d_model), jnp.float32)
+      types = jnp.zeros_like(inputs) if token_types is None else token_types
+      x = x + jnp.take(table, types, axis=0).astype(x.dtype)
+    x = layers.AddPositions(cfg, name='positions')(x, positions)
     x = layers.Dropout(cfg.embedding_dropout)(x, deterministic=self.deterministic)
     mask = Segments(segment_ids, segment_ids, causal=False, packed=packed)
     x = stack_layers(EncoderLayer, cfg, cfg.num_encoder_layers,
@@ -323,24 +333,26 @@ class PooledEncoder(nn.Module):
   deterministic: bool = True
 
   @nn.compact
-  def __call__(self, inputs, inputs_segment_ids=None, inputs_positions=None):
-    """[batch, s] int -> [batch, d_model] (compute dtype)."""
+  def __call__(self, inputs, inputs_segment_ids=None, inputs_positions=None,
+               inputs_token_types=None):
+    """[batch, s] int -> [batch, d_model] (compute dtype); token types
+    [batch, s] int as `Encoder` takes them."""
     packed = inputs_segment_ids is not None
     segment_ids, positions = default_segments(
         inputs, inputs_segment_ids, inputs_positions, self.config.pad_id)
     embed = layers.Embed(self.config.vocab_size, self.config, name='embed')
     x = Encoder(self.config, embed, self.deterministic, name='encoder')(
-        inputs, segment_ids, positions, packed)
+        inputs, segment_ids, positions, packed, inputs_token_types)
     return pool(x, segment_ids, self.config.pooling)
 
 
-def _pooled_head(module: nn.Module, size: int, name: str, inputs,
-                 inputs_segment_ids, inputs_positions) -> jax.Array:
+def _pooled_head(module: nn.Module, size: int, name: str, *inputs
+                 ) -> jax.Array:
   """The encoder-only heads' shared body, called inside `module`'s compact
-  method: pooled encoder states [batch, d_model] -> [batch, size] float32."""
+  method with `PooledEncoder`'s arguments: pooled encoder states [batch,
+  d_model] -> [batch, size] float32."""
   cfg = module.config
-  pooled = PooledEncoder(cfg, module.deterministic, name='body')(
-      inputs, inputs_segment_ids, inputs_positions)
+  pooled = PooledEncoder(cfg, module.deterministic, name='body')(*inputs)
   return layers.Linear((size,), (None, 'embed'), cfg, name=name)(
       pooled).astype(jnp.float32)
 
@@ -351,10 +363,11 @@ class EncoderClassifier(nn.Module):
   deterministic: bool = True
 
   @nn.compact
-  def __call__(self, inputs, inputs_segment_ids=None, inputs_positions=None):
+  def __call__(self, inputs, inputs_segment_ids=None, inputs_positions=None,
+               inputs_token_types=None):
     return jax.nn.log_softmax(_pooled_head(
         self, self.config.num_classes, 'classifier', inputs,
-        inputs_segment_ids, inputs_positions))
+        inputs_segment_ids, inputs_positions, inputs_token_types))
 
 
 class EncoderRegressor(nn.Module):
@@ -363,6 +376,8 @@ class EncoderRegressor(nn.Module):
   deterministic: bool = True
 
   @nn.compact
-  def __call__(self, inputs, inputs_segment_ids=None, inputs_positions=None):
+  def __call__(self, inputs, inputs_segment_ids=None, inputs_positions=None,
+               inputs_token_types=None):
     return _pooled_head(self, self.config.regression_dim, 'regressor', inputs,
-                        inputs_segment_ids, inputs_positions)
+                        inputs_segment_ids, inputs_positions,
+                        inputs_token_types)
