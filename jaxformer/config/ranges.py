@@ -68,6 +68,8 @@ RANGES = {
     'model.rope_original_max_len': POSITIVE,
     'model.num_classes': POSITIVE,
     'model.regression_dim': POSITIVE,
+    'model.type_vocab_size': NON_NEGATIVE,
+    'model.position_offset': NON_NEGATIVE,
     'model.pad_id': NON_NEGATIVE,  # ids of the vocabulary (ModelConfig checks
     'model.eos_id': NON_NEGATIVE,  # they lie inside it)
     'model.decoder_start_id': NON_NEGATIVE,
