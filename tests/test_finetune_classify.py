@@ -163,6 +163,36 @@ def test_pair_tsv_batches_carry_the_token_types(data):
   assert 'inputs_token_types' not in batch
 
 
+def test_a_model_without_labels_gets_a_fresh_head_for_the_datas(
+    data, tmp_path):
+  """An export without labels (an encoder imported without a head) takes
+  the train split's labels and a fresh head of their number; the body is
+  the export's."""
+  root, paths = data
+  start = trained.load(paths['classification'])
+  extra, _ = exports_lib.restore_export(paths['classification'])
+  extra['config']['data']['labels'] = []
+  headless = str(tmp_path / 'headless')
+  exports_lib.export_params(headless, start.params, extra)
+  train = tmp_path / 'train.tsv'
+  train.write_text('one\ttwo\tc\nthree\tfour\ta\nfive\tsix\tb\n')
+  config = load_config(CONFIGS['classification'], overrides(
+      root, headless, 'classification', train=str(train), dev=str(train)))
+  trainer = Trainer(config, str(tmp_path / 'run'))
+  try:
+    params = trainer.initial_state().params
+  finally:
+    trainer.checkpoints.close()
+  assert trainer.config.data.labels == ['a', 'b', 'c']
+  assert params['classifier']['kernel'].shape == (3, 32)
+  assert (np.asarray(params['classifier']['bias']) == 0).all()
+  for (path, ours), theirs in zip(
+      jax.tree_util.tree_leaves_with_path(params['body']),
+      jax.tree.leaves(start.params['body'])):
+    np.testing.assert_array_equal(np.asarray(ours), np.asarray(theirs),
+                                  err_msg=jax.tree_util.keystr(path))
+
+
 # ----------------------------------------------------------------- metrics
 
 

@@ -178,12 +178,59 @@ def write_tokenizers(data_config: ml_collections.ConfigDict, workdir: str,
     paths.write_bytes(path, tokenizer.serialized_model_proto())
 
 
-def pretrained_params(directory: str, run: RunSpec):
+# The encoder-only heads (model/transformer.py): a pretrained model without
+# labels (an encoder imported without a head) gets a fresh one.
+HEADS = ('classifier', 'regressor')
+
+
+def pretrained_params(directory: str, run: RunSpec, fresh=None):
   """The parameters of the export `directory`, placed as the model of
-  `run` wants them."""
-  _, params = exports.restore_export(
-      directory, lambda extra: run.abstract_params())
-  return params
+  `run` wants them; a head the export lacks, or has of another width (its
+  labels came from the data), is `fresh`'s (the run's initial parameters)."""
+  target = run.abstract_params()
+  mine = _by_path(target)
+  saved = exports.param_shapes(directory)
+  new = {path for path, leaf in mine.items() if path not in saved
+         or saved[path].shape != leaf.shape}
+  if not new:
+    return exports.restore_export(directory, lambda extra: target)[1]
+  if fresh is None or any(path[0] not in HEADS for path in new):
+    path = sorted(new)[0]
+    raise ValueError(
+        f'--config.init.pretrained={directory}: parameter {"/".join(path)} '
+        f'is {saved[path].shape if path in saved else "missing"} there, '
+        f'{mine[path].shape} in this model; fine-tune with the export\'s own '
+        'model settings.')
+  replicated = mesh_lib.replicated(run.mesh)
+  _, old = exports.restore_export(directory, lambda extra: _tree({
+      path: mine[path] if path in mine and path not in new else
+      jax.ShapeDtypeStruct(leaf.shape, leaf.dtype, sharding=replicated)
+      for path, leaf in saved.items()}))
+  old = _by_path(old)
+  return jax.tree_util.tree_map_with_path(
+      lambda path, leaf: leaf if _names(path) in new else old[_names(path)],
+      fresh)
+
+
+def _names(path) -> tuple[str, ...]:
+  return tuple(key.key for key in path)
+
+
+def _by_path(tree) -> dict:
+  """The leaves of nested dicts by their paths of names."""
+  return {_names(path): leaf
+          for path, leaf in jax.tree_util.tree_leaves_with_path(tree)}
+
+
+def _tree(leaves: dict[tuple[str, ...], Any]) -> dict:
+  """Nested dicts of `leaves` by their paths of names."""
+  tree = {}
+  for path, leaf in leaves.items():
+    node = tree
+    for name in path[:-1]:
+      node = node.setdefault(name, {})
+    node[path[-1]] = leaf
+  return tree
 
 
 def export(workdir: str, out: str, step: int | None = None,
