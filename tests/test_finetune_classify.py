@@ -8,7 +8,6 @@ import math
 import os
 import pathlib
 import random
-import signal
 import subprocess
 import sys
 import time
@@ -31,7 +30,7 @@ from jaxformer.run.trainer import Trainer
 from jaxformer.train import dev_metrics
 from jaxformer.train import run_spec
 
-from test_fault_tolerance import checkpoint_steps, logged_steps, numbers
+from test_fault_tolerance import kill_resume_and_compare
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 CONFIGS = {'classification': str(ROOT / 'configs' / 'finetune_classify.py'),
@@ -365,28 +364,6 @@ def test_a_killed_pair_finetune_resumes_bitwise(data, tmp_path):
       root, paths['classification'], 'classification', steps)] + [
           '--config.checkpoint.every=2', '--config.checkpoint.keep=10',
           '--config.eval.every=4']
-  reference = tmp_path / 'reference'
-  assert _train(reference, flags).wait(600) == 0, _output(reference)
-  workdir = tmp_path / 'killed'
-  killed = _train(workdir, flags)
-  deadline = time.monotonic() + 600
-  while not (checkpoint_steps(workdir) and max(logged_steps(workdir),
-                                               default=0) >= 5):
-    assert killed.poll() is None, _output(workdir)
-    assert time.monotonic() < deadline, _output(workdir)
-    time.sleep(0.01)
-  killed.send_signal(signal.SIGKILL)
-  killed.wait()
-  restored = checkpoint_steps(workdir)[-1]
-  assert restored < steps
-  assert _train(workdir, flags).wait(600) == 0, _output(workdir)
-  assert f'Resuming from the checkpoint of step {restored}' in _output(workdir)
-  expected = numbers(read_metrics(str(reference)))
-  got = numbers(read_metrics(str(workdir)))
-  assert all(record in expected for record in got)
-  assert all(record in got for record in expected)
+  got = kill_resume_and_compare(lambda workdir: _train(workdir, flags),
+                                _output, tmp_path, steps)
   assert any('eval_macro_f1' in record for record in got)
-  ours, theirs = trained.load(str(workdir)), trained.load(str(reference))
-  assert ours.step == theirs.step == steps
-  for a, b in zip(jax.tree.leaves(ours.params), jax.tree.leaves(theirs.params)):
-    np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
