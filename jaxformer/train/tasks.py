@@ -175,13 +175,15 @@ class Task:
                    ) -> dict[str, tuple[tuple[int, ...], type]]:
     """(shape, dtype) of each array of a batch of `rows` rows: the token
     arrays [rows, source or target] int32 with their segment ids and
-    positions, and the label array (labels [rows] int32, values [rows,
-    regression_dim] float32)."""
+    positions (an encoder-only model's token types too, if it has them),
+    and the label array (labels [rows] int32, values [rows, regression_dim]
+    float32)."""
     width = {'inputs': source, 'targets': target}
     shapes = {key + suffix: ((rows, width[key]), np.int32)
               for key in self.batch_keys
               for suffix in ('', '_segment_ids', '_positions')}
-    if self.dev_metrics and config.model.get('type_vocab_size', 0):
+    if self.batch_keys == ('inputs',) and config.model.get(
+        'type_vocab_size', 0):
       shapes['inputs_token_types'] = ((rows, source), np.int32)
     if 'targets' in self.batch_keys and (
         config.data.get('lm_rows') == 'prompt_response'):
