@@ -140,7 +140,10 @@ def shrink(config, tmp_path):
   config.eval.update(every=0, num_batches=1, bleu_examples=0)
   config.checkpoint.update(every=0)
   if config.data.source == 'tsv':
-    lines = '\n'.join(f'source {i} words\tziel {i} wörter' for i in range(60))
+    labels = [f'{i / 60}' if config.task == 'regression' else f'ziel {i} wörter'
+              for i in range(60)]
+    lines = '\n'.join(f'source {i} words\t{label}'
+                      for i, label in enumerate(labels))
     for split in ('train', 'dev', 'test'):
       path = tmp_path / f'{split}.tsv'
       path.write_text(lines + '\n', encoding='utf-8')

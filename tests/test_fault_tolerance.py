@@ -62,6 +62,41 @@ def checkpoint_steps(workdir: pathlib.Path) -> list[int]:
   return sorted(int(p.name) for p in directory.iterdir() if p.name.isdigit())
 
 
+def kill_resume_and_compare(train, output, root: pathlib.Path, steps: int
+                            ) -> list[dict]:
+  """`train(workdir)` (a `jaxformer train` subprocess of `steps` steps) run
+  through in one workdir; in another SIGKILLed once it holds a checkpoint
+  and logged step 5, then run again: asserts that it resumed and ended with
+  the same metrics and parameters; returns the metrics. `output(workdir)`
+  is what the runs printed."""
+  from jaxformer.checkpoints import trained
+  reference = root / 'reference'
+  assert train(reference).wait(600) == 0, output(reference)
+  workdir = root / 'killed'
+  killed = train(workdir)
+  deadline = time.monotonic() + 600
+  while not (checkpoint_steps(workdir) and max(logged_steps(workdir),
+                                               default=0) >= 5):
+    assert killed.poll() is None, output(workdir)
+    assert time.monotonic() < deadline, output(workdir)
+    time.sleep(0.01)
+  killed.send_signal(signal.SIGKILL)
+  killed.wait()
+  restored = checkpoint_steps(workdir)[-1]
+  assert restored < steps
+  assert train(workdir).wait(600) == 0, output(workdir)
+  assert f'Resuming from the checkpoint of step {restored}' in output(workdir)
+  expected = numbers(read_metrics(str(reference)))
+  got = numbers(read_metrics(str(workdir)))
+  assert all(record in expected for record in got)
+  assert all(record in got for record in expected)
+  ours, theirs = trained.load(str(workdir)), trained.load(str(reference))
+  assert ours.step == theirs.step == steps
+  for a, b in zip(jax.tree.leaves(ours.params), jax.tree.leaves(theirs.params)):
+    np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
+  return got
+
+
 @pytest.fixture(scope='module')
 def environment(tmp_path_factory):
   """Two devices per run and one compilation cache for all runs."""

@@ -3,13 +3,10 @@ tokenizer or a Hugging Face one) fine-tuned on plain text (:text) and on
 prompt<TAB>response lines (:tsv) with its own tokenizer, on an FSDP mesh;
 killed with SIGKILL and resumed, it repeats the uninterrupted run bitwise."""
 import pathlib
-import signal
 import subprocess
 import sys
 import time
 
-import jax
-import numpy as np
 import pytest
 
 from jaxformer.checkpoints import trained
@@ -18,7 +15,7 @@ from jaxformer.run.metrics import read_metrics
 from jaxformer.run.trainer import Trainer
 from jaxformer.storage import paths
 
-from test_fault_tolerance import checkpoint_steps, logged_steps, numbers
+from test_fault_tolerance import kill_resume_and_compare
 from test_lm_rows import WORDS, hf_tokenizer
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
@@ -107,27 +104,5 @@ def test_a_killed_prompt_response_finetune_resumes_bitwise(setup, tmp_path):
   root, exports = setup
   steps = 12
   overrides = _overrides(root, exports['hf'], 'tsv', steps)
-  reference = tmp_path / 'reference'
-  assert _train(reference, overrides, 'tsv').wait(600) == 0, _output(reference)
-  workdir = tmp_path / 'killed'
-  killed = _train(workdir, overrides, 'tsv')
-  deadline = time.monotonic() + 600
-  while not (checkpoint_steps(workdir) and max(logged_steps(workdir),
-                                               default=0) >= 5):
-    assert killed.poll() is None, _output(workdir)
-    assert time.monotonic() < deadline, _output(workdir)
-    time.sleep(0.01)
-  killed.send_signal(signal.SIGKILL)
-  killed.wait()
-  restored = checkpoint_steps(workdir)[-1]
-  assert restored < steps
-  assert _train(workdir, overrides, 'tsv').wait(600) == 0, _output(workdir)
-  assert f'Resuming from the checkpoint of step {restored}' in _output(workdir)
-  expected = numbers(read_metrics(str(reference)))
-  got = numbers(read_metrics(str(workdir)))
-  assert all(record in expected for record in got)
-  assert all(record in got for record in expected)
-  ours, theirs = trained.load(str(workdir)), trained.load(str(reference))
-  assert ours.step == theirs.step == steps
-  for a, b in zip(jax.tree.leaves(ours.params), jax.tree.leaves(theirs.params)):
-    np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
+  kill_resume_and_compare(lambda workdir: _train(workdir, overrides, 'tsv'),
+                          _output, tmp_path, steps)

@@ -106,6 +106,17 @@ def restore_export(directory: str, abstract_params=None):
   return extra, params
 
 
+def param_shapes(directory: str) -> dict[tuple[str, ...], jax.ShapeDtypeStruct]:
+  """The shape and dtype of each parameter of the export in `directory`,
+  by its path of names (from its metadata; no array is read)."""
+  metadata = ocp.Checkpointer(ocp.StandardCheckpointHandler()).metadata(
+      paths.join(directory, 'params'))
+  tree = getattr(metadata, 'item_metadata', metadata)
+  return {tuple(key.key for key in path): jax.ShapeDtypeStruct(leaf.shape,
+                                                               leaf.dtype)
+          for path, leaf in jax.tree_util.tree_leaves_with_path(tree)}
+
+
 def running_mean(mean, params, count: int):
   """The mean of `count` trees given that of the first count - 1. Exact
   when all are equal."""

@@ -129,6 +129,29 @@ def small_task_config(task: str, dataset: str, best_metric: str,
   return config
 
 
+def encoder_finetune_config(task: str, best_metric: str
+                            ) -> ml_collections.ConfigDict:
+  """The shared base of configs/finetune_classify.py and finetune_regress.py:
+  a pretrained encoder (init.pretrained) fine-tuned on 'tsv' files as BERT
+  is: dropout 0.1, AdamW at a small peak learning rate after a short
+  warm-up, cosine decay; the best checkpoint by the dev `best_metric`."""
+  config = default_config()
+  config.task = task
+  config.init.pretrained = ''  # Required: --config.init.pretrained=EXPORT.
+  config.model.update(embedding_dropout=0.1, residual_dropout=0.1,
+                      attention_dropout=0.1, ffn_dropout=0.0)
+  config.data.source = 'tsv'
+  config.data.tsv.update(train='data/train.tsv', dev='data/dev.tsv', test='')
+  config.data.update(max_source_length=128, batch_size=32)
+  config.train.update(num_steps=2000, schedule='warmup_cosine',
+                      learning_rate=2e-5, warmup_steps=200, grad_clip_norm=1.0,
+                      label_smoothing=0.0, weight_decay=0.01, log_every=50)
+  config.eval.update(every=200, bleu_examples=0, final_split='')
+  config.checkpoint.update(every=200, keep=2, best_metric=best_metric,
+                           best_mode='max')
+  return config
+
+
 def load_config(path_and_arg: str,
                 overrides: Sequence[str] = ()) -> ml_collections.ConfigDict:
   """Loads `path[:arg]` and applies `key=value` overrides; the paths it

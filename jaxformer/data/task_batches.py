@@ -31,6 +31,7 @@ import ml_collections
 import numpy as np
 
 from jaxformer.data import batch_layout
+from jaxformer.data import labelled
 from jaxformer.data import lm_rows
 from jaxformer.data import mixture as mixture_lib
 from jaxformer.data import pipeline
@@ -58,14 +59,22 @@ def labels_of(data_config: ml_collections.ConfigDict) -> list[str]:
     return list(data_config.labels)
   return label_vocabulary([
       label for config in mixture_lib.train_configs(data_config)
-      for _, label in sources.read_split(config, 'train')])
+      for label in labelled.read_split(config, 'train')[1]])
 
 
-def label_ids(labels: Sequence[str], vocabulary: Sequence[str], split: str
-              ) -> np.ndarray:
-  """[examples] int32 indices of `labels` in `vocabulary`."""
+def label_ids(labels: Sequence[str], vocabulary: Sequence[str], split: str,
+              pretrained: str = '') -> np.ndarray:
+  """[examples] int32 indices of `labels` in `vocabulary` (the labels of
+  the model at `pretrained`, if one is named)."""
   index = {label: i for i, label in enumerate(vocabulary)}
   unknown = sorted(set(labels) - set(index))
+  if unknown and pretrained:
+    number = next(n for n, label in enumerate(labels, 1) if label not in index)
+    raise sources.DataError(
+        f'the {split} split, example {number}: label {labels[number - 1]!r} '
+        f'is not one of the labels {list(vocabulary)} of the pretrained '
+        f'model {pretrained}; correct or remove its examples ({len(unknown)} '
+        'unknown label(s))')
   if unknown:
     raise sources.DataError(
         f'the {split} split has labels {unknown[:5]} that are not in '
@@ -91,38 +100,62 @@ def parse_values(texts: Sequence[str], dim: int, split: str) -> np.ndarray:
   return values
 
 
-def pad_token_rows(token_lists: Sequence[Sequence[int]], width: int
+def _padded(lists: Sequence[Sequence[int]], width: int) -> np.ndarray:
+  """[examples, width] int32: each list cut to `width` (still ending with
+  its last item), then padded with 0."""
+  rows = np.zeros((len(lists), width), np.int32)
+  for row, items in enumerate(lists):
+    cut = list(items[:width])
+    if cut and len(items) > width:
+      cut[-1] = items[-1]
+    rows[row, :len(cut)] = cut
+  return rows
+
+
+def pad_token_rows(token_lists: Sequence[Sequence[int]], width: int,
+                   token_types: Sequence[Sequence[int]] | None = None
                    ) -> dict[str, np.ndarray]:
   """'inputs', 'inputs_segment_ids', 'inputs_positions' [examples, width]
   int32: one example per row, cut to `width` tokens (still ending with its
-  last token, EOS); segment id 0 marks padding."""
-  tokens = np.zeros((len(token_lists), width), np.int32)
-  lengths = np.zeros((len(token_lists), 1), np.int32)
-  for row, ids in enumerate(token_lists):
-    cut = list(ids[:width])
-    if cut and len(ids) > width:
-      cut[-1] = ids[-1]
-    tokens[row, :len(cut)] = cut
-    lengths[row] = len(cut)
+  last token, EOS); segment id 0 marks padding. With `token_types` (a list
+  per example, as long as its tokens) 'inputs_token_types' too."""
+  lengths = np.array([[min(len(ids), width)] for ids in token_lists],
+                     np.int32).reshape(-1, 1)
   present = np.arange(width) < lengths
   positions = np.where(present, np.arange(width, dtype=np.int32), 0)
-  return {'inputs': tokens, 'inputs_segment_ids': present.astype(np.int32),
+  rows = {'inputs': _padded(token_lists, width),
+          'inputs_segment_ids': present.astype(np.int32),
           'inputs_positions': positions}
+  if token_types is not None:
+    rows['inputs_token_types'] = _padded(token_types, width)
+  return rows
 
 
-def _document_rows(config, texts, labels, split, tokenizer) -> Batch:
+def _document_rows(config, split, tokenizer) -> Batch:
+  texts, labels = zip(*sources.read_split(config.data, split))
   return lm_rows.language_model_rows(config.data, texts, labels, split,
                                      tokenizer)
 
 
-def _class_rows(config, texts, labels, split, tokenizer) -> Batch:
-  rows = pad_token_rows(tokenizer.encode(texts), config.data.max_source_length)
-  rows['labels'] = label_ids(labels, labels_of(config.data), split)
+def _labelled_rows(config, split, tokenizer) -> tuple[Batch, list[str]]:
+  """The token rows of a split of texts or pairs (with 'inputs_token_types'
+  when the model has token types), and its labels."""
+  texts, labels = labelled.read_split(config.data, split)
+  width = config.data.max_source_length
+  ids, types = labelled.encode(tokenizer, texts, width)
+  with_types = config.model.get('type_vocab_size', 0) > 0
+  return pad_token_rows(ids, width, types if with_types else None), labels
+
+
+def _class_rows(config, split, tokenizer) -> Batch:
+  rows, labels = _labelled_rows(config, split, tokenizer)
+  rows['labels'] = label_ids(labels, labels_of(config.data), split,
+                             config.get('init', {}).get('pretrained', ''))
   return rows
 
 
-def _value_rows(config, texts, labels, split, tokenizer) -> Batch:
-  rows = pad_token_rows(tokenizer.encode(texts), config.data.max_source_length)
+def _value_rows(config, split, tokenizer) -> Batch:
+  rows, labels = _labelled_rows(config, split, tokenizer)
   rows['values'] = parse_values(labels, config.model.regression_dim, split)
   return rows
 
@@ -139,8 +172,7 @@ def task_rows(config: ml_collections.ConfigDict, split: str,
   if config.task not in ROW_LAYOUTS:
     raise ValueError(f'task={config.task!r} has no row batches; it is '
                      'batched by jaxformer.data.pipeline')
-  texts, labels = zip(*sources.read_split(config.data, split))
-  return ROW_LAYOUTS[config.task](config, texts, labels, split, source_tok)
+  return ROW_LAYOUTS[config.task](config, split, source_tok)
 
 
 def _take(rows: dict[str, np.ndarray], chosen: np.ndarray) -> Batch:

@@ -16,3 +16,11 @@ PAD_ID = 0
 EOS_ID = 1
 UNK_ID = 2
 BOS_ID = 3
+
+
+def joined_pair(ids_a: list[int], ids_b: list[int]
+                ) -> tuple[list[int], list[int]]:
+  """A sentence pair as jaxformer's own tokenizers encode it (`encode_pair`):
+  (a's ids, each text's ending with its EOS, then b's; the token types, 0
+  for a's ids and 1 for b's)."""
+  return list(ids_a) + list(ids_b), [0] * len(ids_a) + [1] * len(ids_b)

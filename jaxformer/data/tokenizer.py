@@ -26,7 +26,8 @@ import sentencepiece as spm
 from jaxformer.storage import paths
 from jaxformer.data import mixture
 from jaxformer.data import sources
-from jaxformer.data.token_ids import BOS_ID, EOS_ID, PAD_ID, UNK_ID
+from jaxformer.data.token_ids import (BOS_ID, EOS_ID, PAD_ID, UNK_ID,
+                                     joined_pair)
 
 _SPECIAL_IDS = {'pad': PAD_ID, 'eos': EOS_ID, 'unk': UNK_ID, 'bos': BOS_ID}
 _SPECIAL_PIECES = {'pad': '<pad>', 'eos': '</s>', 'unk': '<unk>', 'bos': '<s>'}
@@ -99,6 +100,12 @@ class Tokenizer:
     """Token ids of each text, each list ending with EOS_ID."""
     return self._processor.encode(list(texts), out_type=int, add_eos=True,
                                   num_threads=os.cpu_count() or 1)
+
+  def encode_pair(self, text_a: str, text_b: str
+                  ) -> tuple[list[int], list[int]]:
+    """(ids, token types) of a sentence pair: a's pieces + EOS, then b's
+    pieces + EOS; types 0 for a and its EOS, 1 for b and its EOS."""
+    return joined_pair(*self.encode([text_a, text_b]))
 
   def decode(self, ids: Iterable[int]) -> str:
     """Text of `ids` [length] up to the first EOS, ignoring padding."""

@@ -26,6 +26,7 @@ import numpy as np
 import sentencepiece as spm
 
 from jaxformer.data import sources
+from jaxformer.data.token_ids import joined_pair
 
 FORMAT = 'jaxformer-vocab-tokenizer-1'
 SPECIAL_PIECES = {'eos': '</s>', 'unk': '<unk>', 'pad': '<pad>'}
@@ -124,6 +125,12 @@ class VocabTokenizer:
     return [[self._ids.get(piece, self.unk_id)
              for piece in self._pieces_of(text)] + [self.eos_id]
             for text in texts]
+
+  def encode_pair(self, text_a: str, text_b: str
+                  ) -> tuple[list[int], list[int]]:
+    """(ids, token types) of a sentence pair: a's pieces + eos_id, then b's
+    pieces + eos_id; types 0 for a and its eos, 1 for b and its eos."""
+    return joined_pair(*self.encode([text_a, text_b]))
 
   def decode(self, ids: Iterable[int]) -> str:
     """Text of `ids` [length] up to the first eos_id, without the special

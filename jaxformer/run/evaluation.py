@@ -1,5 +1,6 @@
 """Evaluation during training: loss metrics of the eval split (BLEU too
-for translation)."""
+for translation; the encoder-only tasks' `dev_metrics`, from every
+example's prediction)."""
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -23,6 +24,12 @@ class Evaluator:
     self.share = share
     self.token_cache = token_cache
     self._eval_fn = None
+    best, known = run.config.checkpoint.best_metric, run.task.eval_metrics
+    if best and known and best not in known:
+      raise ValueError(
+          f'checkpoint.best_metric={best!r} is not a metric of task '
+          f'{run.task.name!r}: choose one of {list(known)} (or \'\' to keep '
+          'no best checkpoint).')
 
   def batches(self, split: str):
     """This process's rows of every batch of `split`."""
@@ -36,19 +43,32 @@ class Evaluator:
     run, eval_config = self.run, self.run.config.eval
     if self._eval_fn is None:
       self._eval_fn = run.eval_step(jax.tree.map(lambda x: x.sharding, params))
-    totals = None
+    totals, rows = None, []
     for index, local in enumerate(self.batches(eval_config.split)):
       if eval_config.num_batches and index >= eval_config.num_batches:
         break
       local = {k: v for k, v in local.items() if k != 'example_index'}
-      sums = self._eval_fn(params, mesh_lib.global_batch(local, run.mesh))
+      sums, batch_rows = self._eval_fn(
+          params, mesh_lib.global_batch(local, run.mesh))
       totals = sums if totals is None else jax.tree.map(jnp.add, totals, sums)
+      rows.append(jax.device_get(batch_rows))
     metrics = {k: float(np.asarray(v))
                for k, v in jax.device_get(losses.summarise(totals)).items()
                if np.ndim(v) == 0 and k != 'weight'}
+    if run.task.dev_metrics is not None:
+      metrics.update(run.task.dev_metrics(_real_rows(rows)))
     if run.task.translates and eval_config.bleu_examples:
       metrics.update(evaluate_lib.evaluate_translation(
           params, run.model_config, run.config, self.source_tok,
           self.target_tok, eval_config.split, run.mesh,
           max_examples=eval_config.bleu_examples, beam_size=1))
     return metrics
+
+
+def _real_rows(batches: list[dict[str, np.ndarray]]) -> dict[str, np.ndarray]:
+  """The rows of every batch together, without the padding rows (weight
+  0)."""
+  rows = {key: np.concatenate([batch[key] for batch in batches])
+          for key in batches[0]}
+  real = rows.pop('weight') > 0
+  return {key: value[real] for key, value in rows.items()}

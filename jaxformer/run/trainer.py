@@ -160,7 +160,7 @@ class Trainer:
     if start:
       self.log(f'Starting from the parameters of {start}.')
       state = state.replace(params=trained_lib.pretrained_params(
-          start, self.spec))
+          start, self.spec, state.params))
     return state
 
   def log(self, text: str) -> None:

@@ -101,9 +101,10 @@ def train_step(state: TrainState, batch: dict[str, jax.Array], *, task, model,
 
 
 def eval_sums(params: Any, batch: dict[str, jax.Array], *, task, model
-              ) -> dict[str, jax.Array]:
-  """Loss/metric sums of one eval batch (no dropout, no smoothing)."""
-  return task.loss_sums(model, params, batch, {}, 0.0)
+              ) -> tuple[dict[str, jax.Array], dict[str, jax.Array]]:
+  """(loss/metric sums, per-row outputs) of one eval batch (no dropout, no
+  smoothing): `Task.eval_sums`."""
+  return task.eval_sums(model, params, batch)
 
 
 def compile_train_step(mesh: Mesh, shardings: TrainState, **step_kwargs):

@@ -6,6 +6,8 @@ Batches are dicts of arrays. Translation: 'inputs', 'targets' and their
 positions, and with `data.lm_rows='prompt_response'` 'targets_loss_mask':
 0 where no loss falls, e.g. on a prompt). Classification: 'inputs' (+ ...), 'labels' [batch] int.
 Regression: 'inputs' (+ ...), 'values' [batch, regression_dim] float.
+The encoder-only tasks' batches carry 'inputs_token_types' [batch, s] int
+when the model has token types (model.type_vocab_size).
 """
 import dataclasses
 from typing import Callable
@@ -19,6 +21,7 @@ from jaxformer.data.lm_rows import LOSS_MASK
 from jaxformer.model import (DecoderLM, EncoderClassifier, EncoderDecoder,
                              EncoderRegressor, ModelConfig)
 from jaxformer.train import chunked_loss
+from jaxformer.train import dev_metrics
 from jaxformer.train import loss as losses
 
 
@@ -77,20 +80,37 @@ def language_model_sums(model, params, batch, rngs, label_smoothing):
                      rngs=rngs)
 
 
-def classification_sums(model, params, batch, rngs, label_smoothing):
-  logits = model.apply({'params': params}, batch['inputs'],
-                       **_encoder_inputs(batch), rngs=rngs)
-  log_probs = jax.nn.log_softmax(logits)
-  return losses.class_metrics(log_probs, batch['labels'],
-                              _example_weights(batch), label_smoothing)
+def _encoder_outputs(model, params, batch, rngs):
+  """An encoder-only model's outputs [batch, ...]."""
+  return model.apply({'params': params}, batch['inputs'],
+                     **_encoder_inputs(batch), rngs=rngs)
 
 
-def regression_sums(model, params, batch, rngs, label_smoothing):
+def classification_sums(model, params, batch, rngs, label_smoothing,
+                        rows=False):
+  """The loss sums; with `rows`, (them, each row's 'predicted' class,
+  'labels' and 'weight' [batch] for `dev_metrics`)."""
+  log_probs = jax.nn.log_softmax(_encoder_outputs(model, params, batch, rngs))
+  weights = _example_weights(batch)
+  sums = losses.class_metrics(log_probs, batch['labels'], weights,
+                              label_smoothing)
+  if not rows:
+    return sums
+  return sums, {'predicted': jnp.argmax(log_probs, -1),
+                'labels': batch['labels'], 'weight': weights}
+
+
+def regression_sums(model, params, batch, rngs, label_smoothing, rows=False):
+  """As `classification_sums`: the rows' 'predictions' and 'values'
+  [batch, regression_dim] and 'weight' [batch]."""
   del label_smoothing
-  predictions = model.apply({'params': params}, batch['inputs'],
-                            **_encoder_inputs(batch), rngs=rngs)
-  return losses.regression_metrics(predictions, batch['values'],
-                                   _example_weights(batch))
+  predictions = _encoder_outputs(model, params, batch, rngs)
+  weights = _example_weights(batch)
+  sums = losses.regression_metrics(predictions, batch['values'], weights)
+  if not rows:
+    return sums
+  return sums, {'predictions': predictions, 'values': batch['values'],
+                'weight': weights}
 
 
 def _class_names(outputs, config):
@@ -131,6 +151,12 @@ class Task:
   prediction: Callable | None = None
   # `data.labels` (and `model.num_classes`) come from the train split.
   labels_from_data: bool = False
+  # Rows of every example's prediction (`loss_sums(..., rows=True)`) ->
+  # metrics computed on the host; None: the loss sums' metrics alone.
+  dev_metrics: Callable | None = None
+  # What evaluation reports (`checkpoint.best_metric` picks one); (): not
+  # checked.
+  eval_metrics: tuple[str, ...] = ()
 
   @property
   def decodes(self) -> bool:
@@ -144,6 +170,13 @@ class Task:
                               decode=decode)
     return self.model_class(config, deterministic=deterministic)
 
+  def eval_sums(self, model: nn.Module, params, batch):
+    """(loss sums, the rows `dev_metrics` takes ({} without it)) of an eval
+    batch: no dropout, no label smoothing."""
+    if self.dev_metrics is None:
+      return self.loss_sums(model, params, batch, {}, 0.0), {}
+    return self.loss_sums(model, params, batch, {}, 0.0, rows=True)
+
   def init_variables(self, model: nn.Module, rng: jax.Array, batch):
     return model.init(rng, *(batch[key] for key in self.batch_keys))
 
@@ -151,12 +184,16 @@ class Task:
                    ) -> dict[str, tuple[tuple[int, ...], type]]:
     """(shape, dtype) of each array of a batch of `rows` rows: the token
     arrays [rows, source or target] int32 with their segment ids and
-    positions, and the label array (labels [rows] int32, values [rows,
-    regression_dim] float32)."""
+    positions (an encoder-only model's token types too, if it has them),
+    and the label array (labels [rows] int32, values [rows, regression_dim]
+    float32)."""
     width = {'inputs': source, 'targets': target}
     shapes = {key + suffix: ((rows, width[key]), np.int32)
               for key in self.batch_keys
               for suffix in ('', '_segment_ids', '_positions')}
+    if self.batch_keys == ('inputs',) and config.model.get(
+        'type_vocab_size', 0):
+      shapes['inputs_token_types'] = ((rows, source), np.int32)
     if 'targets' in self.batch_keys and (
         config.data.get('lm_rows') == 'prompt_response'):
       shapes[LOSS_MASK] = ((rows, target), np.int32)
@@ -195,11 +232,16 @@ TASKS = {
     'classification': Task('classification', EncoderClassifier, ('inputs',),
                            classification_sums,
                            label=('labels', np.int32, None),
-                           prediction=_class_names, labels_from_data=True),
+                           prediction=_class_names, labels_from_data=True,
+                           dev_metrics=dev_metrics.class_metrics,
+                           eval_metrics=('loss', 'nll', 'perplexity',
+                                         'accuracy', 'macro_f1')),
     'regression': Task('regression', EncoderRegressor, ('inputs',),
                        regression_sums,
                        label=('values', np.float32, 'regression_dim'),
-                       prediction=_values),
+                       prediction=_values,
+                       dev_metrics=dev_metrics.value_metrics,
+                       eval_metrics=('loss', 'mse', 'pearson', 'spearman')),
 }
 
 
