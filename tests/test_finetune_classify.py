@@ -19,6 +19,7 @@ from scipy import stats
 
 from jaxformer.checkpoints import exports as exports_lib
 from jaxformer.checkpoints import trained
+from jaxformer.inference import predict
 from jaxformer.cli import main as cli
 from jaxformer.config.settings import load_config
 from jaxformer.data import labelled
@@ -128,6 +129,26 @@ def test_encode_pair_is_a_then_b_each_ending_with_eos(exports):
   assert a[-1] == b[-1] == tokenizer.eos_id
   assert ids == a + b
   assert types == [0] * len(a) + [1] * len(b)
+
+
+def test_predict_rows_of_pairs_and_single_texts_with_our_tokenizer(exports):
+  saved = trained.load(exports[1]['classification'])
+  tokenizer, model_config = saved.source_tok, saved.model_config
+  assert model_config.type_vocab_size
+  a, b = tokenizer.encode(['three four', 'five'])
+  warnings = []
+  rows = predict.encode_rows(tokenizer, model_config,
+                             ['three four\tfive', 'three four'], 64,
+                             warnings.append)
+  assert rows['inputs'][0, :len(a + b)].tolist() == a + b
+  assert rows['inputs_token_types'][0, :len(a + b)].tolist() == (
+      [0] * len(a) + [1] * len(b))
+  assert rows['inputs'][1, :len(a)].tolist() == a
+  assert not rows['inputs_token_types'][1].any() and not warnings
+  cut = predict.encode_rows(tokenizer, model_config, [' '.join(['six'] * 40)
+                                                      + '\tfive'], 8,
+                            warnings.append)
+  assert cut['inputs'].shape[1] <= 8 and len(warnings) == 1
 
 
 def test_a_pair_is_cut_longest_first_keeping_each_end():

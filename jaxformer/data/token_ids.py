@@ -18,9 +18,10 @@ UNK_ID = 2
 BOS_ID = 3
 
 
-def joined_pair(ids_a: list[int], ids_b: list[int]
+def joined_pair(ids_a: list[int], ids_b: list[int] | None = None
                 ) -> tuple[list[int], list[int]]:
   """A sentence pair as jaxformer's own tokenizers encode it (`encode_pair`):
   (a's ids, each text's ending with its EOS, then b's; the token types, 0
-  for a's ids and 1 for b's)."""
+  for a's ids and 1 for b's); without b, a's ids and types."""
+  ids_b = [] if ids_b is None else ids_b
   return list(ids_a) + list(ids_b), [0] * len(ids_a) + [1] * len(ids_b)

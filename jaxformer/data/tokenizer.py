@@ -101,11 +101,13 @@ class Tokenizer:
     return self._processor.encode(list(texts), out_type=int, add_eos=True,
                                   num_threads=os.cpu_count() or 1)
 
-  def encode_pair(self, text_a: str, text_b: str
+  def encode_pair(self, text_a: str, text_b: str | None = None
                   ) -> tuple[list[int], list[int]]:
     """(ids, token types) of a sentence pair: a's pieces + EOS, then b's
-    pieces + EOS; types 0 for a and its EOS, 1 for b and its EOS."""
-    return joined_pair(*self.encode([text_a, text_b]))
+    pieces + EOS; types 0 for a and its EOS, 1 for b and its EOS.
+    Without text_b, a's ids + EOS, types 0."""
+    return joined_pair(*self.encode(
+        [text_a] if text_b is None else [text_a, text_b]))
 
   def decode(self, ids: Iterable[int]) -> str:
     """Text of `ids` [length] up to the first EOS, ignoring padding."""

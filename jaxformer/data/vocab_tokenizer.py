@@ -126,11 +126,13 @@ class VocabTokenizer:
              for piece in self._pieces_of(text)] + [self.eos_id]
             for text in texts]
 
-  def encode_pair(self, text_a: str, text_b: str
+  def encode_pair(self, text_a: str, text_b: str | None = None
                   ) -> tuple[list[int], list[int]]:
     """(ids, token types) of a sentence pair: a's pieces + eos_id, then b's
-    pieces + eos_id; types 0 for a and its eos, 1 for b and its eos."""
-    return joined_pair(*self.encode([text_a, text_b]))
+    pieces + eos_id; types 0 for a and its eos, 1 for b and its eos.
+    Without text_b, a's ids + eos_id, types 0."""
+    return joined_pair(*self.encode(
+        [text_a] if text_b is None else [text_a, text_b]))
 
   def decode(self, ids: Iterable[int]) -> str:
     """Text of `ids` [length] up to the first eos_id, without the special

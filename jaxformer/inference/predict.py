@@ -12,7 +12,7 @@ import ml_collections
 import numpy as np
 
 from jaxformer.inference import generation
-from jaxformer.data import task_batches
+from jaxformer.data import labelled, task_batches
 from jaxformer.data.hf_tokenizer import HFTokenizer
 from jaxformer.data.tokenizer import Tokenizer, cut_to_tokens
 from jaxformer.model import ModelConfig
@@ -61,13 +61,16 @@ def encode_rows(tokenizer: Tokenizer, model_config: ModelConfig,
   pairs = [_pair(text) for text in texts]
   encoded = (tokenizer.encode_pairs(pairs) if hasattr(tokenizer, 'encode_pairs')
              else [tokenizer.encode_pair(a, b) for a, b in pairs])
-  for i, (row, _) in enumerate(encoded):
+  for i, row_and_types in enumerate(encoded):
+    row = row_and_types[0]
     if len(row) > width:
       if warn is not None:
         warn(f'warning: an input of {len(row)} tokens is longer than the '
              f'{width} positions of the model; it was cut as Hugging Face '
              'cuts it (truncation=True).')
-      encoded[i] = tokenizer.encode_pair(*pairs[i], max_length=width)
+      encoded[i] = (tokenizer.encode_pair(*pairs[i], max_length=width)
+                    if isinstance(tokenizer, HFTokenizer)
+                    else labelled.cut_pair(*row_and_types, width))
   ids, types = [row for row, _ in encoded], [t for _, t in encoded]
   padded = _bucket(ids, width)
   rows = task_batches.pad_token_rows(ids, padded)
