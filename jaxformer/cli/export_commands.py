@@ -71,15 +71,21 @@ def _export_other_format(model, args) -> str:
 
 
 # config.json model_type values `jaxformer import` takes.
-IMPORTED_TYPES = ('marian', 'llama', 'qwen2', 'mistral')
+IMPORTED_TYPES = ('marian', 'llama', 'qwen2', 'mistral', 'm2m_100')
 
 
 def cmd_import(args, overrides) -> int:
   """A Hugging Face folder, by its config.json model_type: Marian
   (OPUS-MT) or the Llama family."""
   from jaxformer.config.settings import default_config
-  from jaxformer.interop import hf_folders, llama, marian
+  from jaxformer.interop import hf_folders, llama, m2m100, marian
   model_type = hf_folders.model_type(args.from_)
+  if model_type == m2m100.MODEL_TYPE:
+    _float32_only(args, 'M2M100/NLLB')
+    config, languages = m2m100.import_folder(
+        args.from_, args.out, default_config(), args.keep_provenance)
+    print(m2m100.report(config, languages, args.out))
+    return 0
   if model_type in llama.MODEL_TYPES:
     config, model_type = llama.import_folder(
         args.from_, args.out, default_config(), args.dtype,
@@ -90,15 +96,18 @@ def cmd_import(args, overrides) -> int:
     raise ValueError(f'{args.from_}/config.json: model_type {model_type!r} '
                      'cannot be imported; supported: '
                      f'{", ".join(IMPORTED_TYPES)}.')
-  if args.dtype != 'float32':
-    raise ValueError(f'--dtype {args.dtype} applies to Llama-family imports; '
-                     'Marian models import in float32.')
+  _float32_only(args, 'Marian')
   config = marian.import_folder(args.from_, args.out, default_config(),
                                 warn=marian.main_warn,
                                 keep_provenance=args.keep_provenance)
   print(marian.report(config, args.out))
   return 0
 
+
+def _float32_only(args, family: str) -> None:
+  if args.dtype != 'float32':
+    raise ValueError(f'--dtype {args.dtype} applies to Llama-family imports; '
+                     f'{family} models import in float32.')
 
 
 def add_provenance_arg(p) -> None:

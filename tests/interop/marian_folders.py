@@ -23,11 +23,11 @@ def sentences(words, count: int, seed: int) -> list[str]:
           for _ in range(count)]
 
 
-def train_spm(texts, vocab_size: int) -> bytes:
+def train_spm(texts, vocab_size: int, model_type: str = 'unigram') -> bytes:
   model = io.BytesIO()
   spm.SentencePieceTrainer.train(
       sentence_iterator=iter(texts), model_writer=model,
-      vocab_size=vocab_size, model_type='unigram', character_coverage=1.0,
+      vocab_size=vocab_size, model_type=model_type, character_coverage=1.0,
       unk_id=0, bos_id=1, eos_id=2, pad_id=-1, minloglevel=2,
       hard_vocab_limit=False)
   return model.getvalue()

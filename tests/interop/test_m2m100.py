@@ -1,0 +1,155 @@
+"""`jaxformer import` of Hugging Face M2M100 and NLLB folders (config.json
+model_type m2m_100): the imported model computes PyTorch's logits,
+tokenises as M2M100Tokenizer / NllbTokenizer with src_lang set, and
+translates as `generate(..., forced_bos_token_id=...)` does; bad folders
+fail with one line and leave nothing.
+
+The folders are random-weight `M2M100ForConditionalGeneration`s with
+SentencePiece models trained here (no hub): see m2m100_folders.py.
+"""
+import os
+import shutil
+
+import numpy as np
+import pytest
+
+torch = pytest.importorskip('torch')
+pytest.importorskip('transformers')
+pytest.importorskip('safetensors')
+
+import m2m100_folders  # noqa: E402
+
+from jaxformer.cli import main as cli
+from jaxformer.checkpoints import trained
+from jaxformer.inference import beam_search, search
+from jaxformer.model import EncoderDecoder  # noqa: E402
+
+SHAPES = {
+    'm2m100-2+1': dict(tokenizer='m2m100', encoder_layers=2, decoder_layers=1,
+                       seed=1),
+    'nllb-1+2-d24': dict(tokenizer='nllb', encoder_layers=1, decoder_layers=2,
+                         d_model=24, heads=3, d_ff=40, spm_size=80, seed=2),
+    'm2m100-wmt21-unscaled-d32': dict(
+        tokenizer='m2m100', encoder_layers=1, decoder_layers=1, d_model=32,
+        heads=4, d_ff=64, spm_size=50, scale_embedding=False,
+        language_codes='wmt21', extra_ids=0, seed=3),
+}
+# Language pairs of each tokenizer (source, target).
+PAIRS = {'m2m100': [('en', 'de'), ('de', 'fr')],
+         'nllb': [('eng_Latn', 'deu_Latn'), ('deu_Latn', 'fra_Latn')]}
+DECODE_LEN = 16
+
+
+class Imported:
+  """An M2M100/NLLB folder, its import and both sides' models and
+  tokenizers."""
+
+  def __init__(self, root, name, shape):
+    from transformers import M2M100ForConditionalGeneration
+    self.folder = str(root / name)
+    self.out = str(root / f'{name}-jaxformer')
+    self.shape = shape
+    m2m100_folders.write_folder(self.folder, **shape)
+    assert cli.main(['import', '--from', self.folder, '--out', self.out]) == 0
+    self.ours = trained.load(self.out)
+    self.hf = M2M100ForConditionalGeneration.from_pretrained(
+        self.folder).eval()
+    self.hf_tok = m2m100_folders.hf_tokenizer(self.folder)
+    self.pairs = PAIRS[shape['tokenizer']]
+    if shape.get('language_codes') == 'wmt21':
+      self.pairs = [('en', 'de'), ('de', 'ru')]
+
+  def rows(self, texts, language):
+    """HF's token rows [len(texts), width] of `texts` in `language`,
+    padded with the pad id."""
+    self.hf_tok.src_lang = language
+    ids = [self.hf_tok(t)['input_ids'] for t in texts]
+    rows = np.full((len(ids), max(map(len, ids))),
+                   self.ours.model_config.pad_id, np.int32)
+    for i, row in enumerate(ids):
+      rows[i, :len(row)] = row
+    return rows
+
+  def generate(self, rows, target, **settings):
+    """HF `generate` forced to `target`'s token, without its start token."""
+    pad = self.ours.model_config.pad_id
+    with torch.no_grad():
+      out = self.hf.generate(
+          input_ids=torch.tensor(rows, dtype=torch.long),
+          attention_mask=torch.tensor(rows != pad), do_sample=False,
+          forced_bos_token_id=self.hf_tok.convert_tokens_to_ids(
+              self.language_token(target)),
+          max_new_tokens=DECODE_LEN, **settings)
+    return out.numpy()[:, 1:]
+
+  def language_token(self, code):
+    return (f'__{code}__' if self.shape['tokenizer'] == 'm2m100' else code)
+
+
+@pytest.fixture(scope='module', params=sorted(SHAPES))
+def imported(request, tmp_path_factory):
+  return Imported(tmp_path_factory.mktemp('m2m100'), request.param,
+                  SHAPES[request.param])
+
+
+def sentences(count=16, seed=5):
+  return m2m100_folders.test_texts(count, seed)
+
+
+def up_to_eos(row, eos):
+  row = [int(t) for t in row]
+  return row[:row.index(eos) + 1] if eos in row else row
+
+
+def test_the_import_has_m2m100s_options(imported):
+  config = imported.ours.model_config
+  hf = imported.hf.config
+  assert (config.pad_id, config.eos_id, config.decoder_start_id) == (
+      hf.pad_token_id, hf.eos_token_id, hf.decoder_start_token_id)
+  assert config.norm_position == 'pre' and config.activation == 'relu'
+  assert config.sinusoid_layout == 'tensor2tensor'
+  assert config.position_offset == hf.pad_token_id + 1
+  assert config.scale_embedding == hf.scale_embedding
+  assert config.share_embeddings == 'all' and not config.output_bias
+  assert imported.ours.source_tok.vocab_size == hf.vocab_size
+
+
+def test_logits_equal_pytorchs(imported):
+  (source, _), (target, _) = imported.pairs
+  sources = imported.rows(sentences(), source)
+  targets = imported.rows(sentences(seed=9)[::-1], target)
+  pad = imported.ours.model_config.pad_id
+  ours = np.asarray(EncoderDecoder(imported.ours.model_config).apply(
+      {'params': imported.ours.params}, sources, targets))
+  with torch.no_grad():
+    theirs = imported.hf(
+        input_ids=torch.tensor(sources, dtype=torch.long),
+        attention_mask=torch.tensor(sources != pad),
+        labels=torch.tensor(np.where(targets == pad, -100, targets),
+                            dtype=torch.long)).logits.numpy()
+  real = targets != pad
+  difference = np.abs(ours - theirs)[real].max()
+  print(f'max abs logit difference: {difference:.3g} '
+        f'(|logits| up to {np.abs(theirs).max():.3g})')
+  assert difference < 1e-5
+
+
+def test_tokenisation_equals_hugging_faces(imported):
+  texts = m2m100_folders.test_texts(300, 7)
+  tok, ours = imported.hf_tok, imported.ours.source_tok
+  unknown = 0
+  for language, _ in imported.pairs:
+    tok.src_lang = language
+    mine = ours.with_language(language).encode(texts)
+    assert mine == [tok(t)['input_ids'] for t in texts]
+    unknown += sum(ours.unk_id in row for row in mine)
+  assert 0 < unknown < len(texts) * len(imported.pairs)
+  # Decoding drops the language tokens (v5's M2M100Tokenizer keeps them in
+  # the text; NllbTokenizer drops them as special tokens).
+  languages = set(ours.languages.values())
+  ids = np.random.default_rng(0).integers(0, ours.vocab_size, (50, 12))
+  ids[:, 0] = ours.language_id(imported.pairs[0][1])
+  for row in [*mine, *ids]:
+    kept = [i for i in up_to_eos(row, ours.eos_id)
+            if i not in languages and i < len(tok)]
+    assert ours.decode(row) == tok.decode(kept, skip_special_tokens=True)
