@@ -80,6 +80,12 @@ class LanguageTokenizer:
     raise sources.DataError(f'language code {code!r} is not one of this '
                             f'tokenizer\'s ({hint})')
 
+  @property
+  def first_id(self) -> int:
+    """The token a text of this tokenizer's language starts with: what
+    decoding into this language forces first."""
+    return self.languages[self.language]
+
   def with_language(self, code: str) -> LanguageTokenizer:
     """This tokenizer, encoding sources in the language `code`."""
     self.language_id(code)
@@ -152,3 +158,34 @@ class LanguageTokenizer:
 
   def decode_batch(self, ids: np.ndarray) -> list[str]:
     return [self.decode(row) for row in ids]
+
+
+def bind_pair(source_tok, target_tok, data_config):
+  """(source_tok, target_tok) in the languages data_config.source_lang and
+  target_lang, which a many-to-many model's tokenizers need and others'
+  must not have; a DataError naming the key otherwise."""
+  pair = {key: data_config.get(key, '') for key in ('source_lang',
+                                                     'target_lang')}
+  if not isinstance(source_tok, LanguageTokenizer):
+    named = [key for key, code in pair.items() if code]
+    if named:
+      raise sources.DataError(
+          f'data.{named[0]}={pair[named[0]]!r}: this model has no language '
+          'tokens (only many-to-many models, M2M100 and NLLB, take a pair)')
+    return source_tok, target_tok
+  for key, code in pair.items():
+    if not code:
+      flag = key.replace('_lang', '-lang')
+      raise sources.DataError(
+          f'this many-to-many model needs its language pair: --{flag} CODE '
+          f'(config data.{key}), one of {len(source_tok.languages)} codes '
+          f'such as {", ".join(list(source_tok.languages)[:4])}')
+  return (source_tok.with_language(pair['source_lang']),
+          target_tok.with_language(pair['target_lang']))
+
+
+def first_id(target_tok) -> int | None:
+  """The id decoding with `target_tok` forces first (its language's token),
+  None for a tokenizer without languages."""
+  return target_tok.first_id if isinstance(target_tok, LanguageTokenizer) \
+      else None

@@ -33,7 +33,7 @@ import jax
 import numpy as np
 from flax.core import meta
 
-from jaxformer.data import sources
+from jaxformer.data import language_tokenizer, sources
 from jaxformer.inference import evaluate
 from jaxformer.inference.chunks import Parts, Plan, length_batches
 from jaxformer.parallel import peers
@@ -198,7 +198,8 @@ def translate_chunk(model, settings: Settings, lanes: Lanes, lines: list[str],
     return evaluate.decode_rows(
         params, model.model_config, rows, beam_size=settings.beam_size,
         alpha=settings.alpha, max_extra_len=settings.max_extra_len,
-        batch_parts=1, device=device)
+        batch_parts=1, device=device,
+        forced_id=language_tokenizer.first_id(model.target_tok))
 
   futures = {}
   for b, batch in enumerate(batches):

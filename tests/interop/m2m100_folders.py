@@ -58,10 +58,13 @@ def write_folder(folder: str, *, tokenizer: str, encoder_layers: int,
                  decoder_layers: int, seed: int, d_model: int = 16,
                  heads: int = 2, d_ff: int = 32, spm_size: int = 60,
                  scale_embedding: bool = True, extra_ids: int = 8,
-                 language_codes: str = 'm2m100') -> dict:
+                 language_codes: str = 'm2m100', eos_boost: float = 0.0
+                 ) -> dict:
   """Writes an M2M100 (tokenizer='m2m100') or NLLB ('nllb') folder whose
   model has `extra_ids` ids past the tokenizer's (fairseq's made-up
-  words); returns {'config': M2M100Config, 'model': ...}."""
+  words) and whose decoder leans towards EOS by `eos_boost` (so that some
+  outputs end before the length cap); returns {'config': M2M100Config,
+  'model': ...}."""
   import torch
   from transformers import M2M100Config, M2M100ForConditionalGeneration
   os.makedirs(folder)
@@ -93,6 +96,8 @@ def write_folder(folder: str, *, tokenizer: str, encoder_layers: int,
       else:
         p.normal_(0.0, _std(name, scale_embedding))
     model.model.shared.weight[config.pad_token_id] = 0.0
+    eos = model.model.shared.weight[config.eos_token_id]
+    model.model.decoder.layer_norm.bias += eos_boost * eos / eos.norm()
   model.save_pretrained(folder)
   return {'config': config, 'model': model}
 

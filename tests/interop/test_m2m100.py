@@ -26,13 +26,14 @@ from jaxformer.model import EncoderDecoder  # noqa: E402
 
 SHAPES = {
     'm2m100-2+1': dict(tokenizer='m2m100', encoder_layers=2, decoder_layers=1,
-                       seed=1),
+                       eos_boost=3.0, seed=1),
     'nllb-1+2-d24': dict(tokenizer='nllb', encoder_layers=1, decoder_layers=2,
-                         d_model=24, heads=3, d_ff=40, spm_size=80, seed=2),
+                         d_model=24, heads=3, d_ff=40, spm_size=80,
+                         eos_boost=4.5, seed=2),
     'm2m100-wmt21-unscaled-d32': dict(
         tokenizer='m2m100', encoder_layers=1, decoder_layers=1, d_model=32,
         heads=4, d_ff=64, spm_size=50, scale_embedding=False,
-        language_codes='wmt21', extra_ids=0, seed=3),
+        language_codes='wmt21', extra_ids=0, eos_boost=1.2, seed=3),
 }
 # Language pairs of each tokenizer (source, target).
 PAIRS = {'m2m100': [('en', 'de'), ('de', 'fr')],
@@ -153,3 +154,34 @@ def test_tokenisation_equals_hugging_faces(imported):
     kept = [i for i in up_to_eos(row, ours.eos_id)
             if i not in languages and i < len(tok)]
     assert ours.decode(row) == tok.decode(kept, skip_special_tokens=True)
+
+
+def test_greedy_and_beam_outputs_equal_generate(imported):
+  config, tok = imported.ours.model_config, imported.ours.source_tok
+  eos = config.eos_id
+  for source, target in imported.pairs:
+    rows = imported.rows(sentences(), source)
+    forced = tok.language_id(target)
+    greedy = np.asarray(search.greedy_decode(
+        imported.ours.params, config, rows, max_decode_len=DECODE_LEN,
+        forced_ids=forced))
+    beams, _ = beam_search.beam_search(
+        imported.ours.params, config, rows, beam_size=4, alpha=0.0,
+        max_decode_len=DECODE_LEN, forced_ids=forced)
+    # alpha 0 (no length penalty) is HF's length_penalty=0.
+    theirs = {'greedy': imported.generate(rows, target, num_beams=1),
+              'beam 4': imported.generate(rows, target, num_beams=4,
+                                          length_penalty=0.0,
+                                          early_stopping=False)}
+    ours = {'greedy': greedy, 'beam 4': np.asarray(beams[:, 0])}
+    for kind in ours:
+      got = [up_to_eos(r, eos) for r in ours[kind]]
+      want = [up_to_eos(r, eos) for r in theirs[kind]]
+      print(f'{source}->{target} {kind}: '
+            f'{sum(a == b for a, b in zip(got, want))}/{len(want)} equal, '
+            f'{sum(eos in r for r in got)} end at EOS, the others at the '
+            'length cap')
+      assert got == want
+      assert all(r[0] == forced for r in got)
+    stops = [eos in r for r in (up_to_eos(r, eos) for r in greedy)]
+    assert any(stops) and not all(stops)  # EOS and the length cap.
