@@ -13,10 +13,11 @@ WORDS = marian_folders.WORDS + marian_folders.FOREIGN
 
 
 def _m2m100_tokenizer_files(folder: str, model: bytes, language_codes: str,
-                            left_out: int) -> int:
+                            left_out: int) -> tuple[int, int]:
   """vocab.json ('<s>' 0, '<pad>' 1, '</s>' 2, '<unk>' 3, then the pieces
   less the `left_out` last: unknown pieces), the SentencePiece model and
-  tokenizer_config.json; returns the ids the tokenizer has."""
+  tokenizer_config.json; returns the ids the tokenizer has and the first
+  language token's."""
   import sentencepiece as spm
   from transformers.models.m2m_100 import tokenization_m2m_100 as tm
   processor = spm.SentencePieceProcessor()
@@ -32,13 +33,14 @@ def _m2m100_tokenizer_files(folder: str, model: bytes, language_codes: str,
   with open(os.path.join(folder, 'tokenizer_config.json'), 'w') as f:
     json.dump({'tokenizer_class': 'M2M100Tokenizer', 'src_lang': 'en',
                'language_codes': language_codes, 'num_madeup_words': 8}, f)
-  return len(vocab) + len(tm.FAIRSEQ_LANGUAGE_CODES[language_codes])
+  return len(vocab) + len(tm.FAIRSEQ_LANGUAGE_CODES[language_codes]), len(
+      vocab)
 
 
-def _nllb_tokenizer_files(folder: str, model: bytes) -> int:
+def _nllb_tokenizer_files(folder: str, model: bytes) -> tuple[int, int]:
   """The files NllbTokenizer saves (tokenizer.json, tokenizer_config.json)
   for the SentencePiece model, with NLLB-200's language codes; returns the
-  ids it has."""
+  ids it has and the first language token's."""
   import tempfile
   from transformers import AutoTokenizer
   from transformers.models.nllb import tokenization_nllb as tn
@@ -51,7 +53,8 @@ def _nllb_tokenizer_files(folder: str, model: bytes) -> int:
     tokenizer = AutoTokenizer.from_pretrained(spm_folder)
   tokenizer.src_lang = 'eng_Latn'
   tokenizer.save_pretrained(folder)
-  return len(tokenizer)
+  return len(tokenizer), min(tokenizer.convert_tokens_to_ids(
+      tn.FAIRSEQ_LANGUAGE_CODES))
 
 
 def write_folder(folder: str, *, tokenizer: str, encoder_layers: int,
@@ -70,10 +73,10 @@ def write_folder(folder: str, *, tokenizer: str, encoder_layers: int,
   os.makedirs(folder)
   texts = marian_folders.sentences(WORDS, 400, seed)
   if tokenizer == 'nllb':
-    size = _nllb_tokenizer_files(
+    size, languages = _nllb_tokenizer_files(
         folder, marian_folders.train_spm(texts, spm_size, 'bpe'))
   else:
-    size = _m2m100_tokenizer_files(
+    size, languages = _m2m100_tokenizer_files(
         folder, marian_folders.train_spm(texts, spm_size, 'bpe'),
         language_codes, left_out=3)
   torch.manual_seed(seed)
@@ -96,6 +99,8 @@ def write_folder(folder: str, *, tokenizer: str, encoder_layers: int,
       else:
         p.normal_(0.0, _std(name, scale_embedding))
     model.model.shared.weight[config.pad_token_id] = 0.0
+    # Small language (and made-up word) rows: mostly text is generated.
+    model.model.shared.weight[languages:] *= 0.2
     eos = model.model.shared.weight[config.eos_token_id]
     model.model.decoder.layer_norm.bias += eos_boost * eos / eos.norm()
   model.save_pretrained(folder)
