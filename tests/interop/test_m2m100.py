@@ -250,3 +250,54 @@ def test_a_language_the_tokenizer_lacks_is_named_with_the_close_ones(
   assert "'dee'" in line and 'close ones' in line and 'de' in line
   line = one_error_line(capsys, translate + ['--source-lang', 'en'])
   assert '--target-lang' in line
+
+
+# ------------------------------------------------------------ bad inputs ---
+
+@pytest.fixture(scope='module')
+def good_folder(tmp_path_factory):
+  folder = tmp_path_factory.mktemp('good') / 'm2m100'
+  m2m100_folders.write_folder(str(folder), **SHAPES['m2m100-2+1'])
+  return folder
+
+
+def write_json(path, change):
+  import json
+  data = json.loads(path.read_text())
+  change(data)
+  path.write_text(json.dumps(data))
+
+
+@pytest.mark.parametrize('damage, words', [
+    (lambda f: (f / 'vocab.json').unlink(), ('vocab.json', 'missing')),
+    (lambda f: (f / 'sentencepiece.bpe.model').unlink(),
+     ('sentencepiece.bpe.model', 'missing')),
+    (lambda f: write_json(f / 'tokenizer_config.json', lambda c: c.update(
+        tokenizer_class='NllbTokenizer')), ('tokenizer.json', 'missing')),
+    (lambda f: (f / 'model.safetensors').write_bytes(
+        (f / 'model.safetensors').read_bytes()[:5000]),
+     ('model.safetensors', 'truncated')),
+    (lambda f: write_json(f / 'config.json',
+                          lambda c: c.update(decoder_ffn_dim=48)),
+     ('decoder_ffn_dim',)),
+    (lambda f: write_json(f / 'config.json',
+                          lambda c: c.update(activation_function='tanh')),
+     ('activation_function',)),
+    (lambda f: write_json(f / 'config.json',
+                          lambda c: c.update(vocab_size=c['vocab_size'] + 1)),
+     ('model.shared.weight', 'shape')),
+], ids=['no-vocab', 'no-spm', 'nllb-without-tokenizer-json',
+        'truncated-weights', 'ffn-dims-differ', 'activation', 'vocab-size'])
+def test_bad_folders_fail_with_one_line_leaving_nothing(
+    good_folder, tmp_path, capsys, damage, words):
+  folder = tmp_path / 'broken'
+  shutil.copytree(good_folder, folder)
+  damage(folder)
+  out = tmp_path / 'out'
+  line = one_error_line(capsys, ['import', '--from', str(folder), '--out',
+                                 str(out)])
+  assert line.startswith('jaxformer import: error:')
+  for word in words:
+    assert word in line, line
+  assert not out.exists()
+  assert not [p for p in os.listdir(tmp_path) if 'partial' in p]
