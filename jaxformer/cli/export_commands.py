@@ -45,7 +45,7 @@ def _export_other_format(model, args) -> str:
   CTranslate2's Translator or Hugging Face's Marian, a language model as
   CTranslate2's Generator or a Hugging Face Llama/Qwen2. Returns the line
   that says how to use it."""
-  from jaxformer.interop import ct2, ct2_lm, hf_llama, hf_marian
+  from jaxformer.interop import ct2, ct2_lm, hf_llama, hf_m2m100, hf_marian
   generates = model.task.generates
   if args.format == 'ct2':
     out = (ct2_lm if generates else ct2).export(model, args.out,
@@ -53,6 +53,11 @@ def _export_other_format(model, args) -> str:
     use = (f'generate with ctranslate2.Generator({out!r}) and the tokenizer '
            f'{out}/tokenizer.json (docs/interop.md: "Start from a Llama or '
            'Qwen2 checkpoint")' if generates else
+           f'translate with ctranslate2.Translator({out!r}), sources from '
+           f'AutoTokenizer.from_pretrained({out!r}) with src_lang set and '
+           'target_prefix=[[the target language token]] (docs/interop.md: '
+           '"Translate between many languages")'
+           if hf_m2m100.is_many_to_many(model) else
            f'translate with ctranslate2.Translator({out!r}) and the '
            f'SentencePiece model {out}/source.spm (README: "Start from a '
            'pretrained OPUS-MT model")')
@@ -64,6 +69,11 @@ def _export_other_format(model, args) -> str:
             f' model to {out}; load it with AutoModelForCausalLM.'
             f'from_pretrained({out!r}) and AutoTokenizer.from_pretrained'
             f'({out!r}).')
+  if hf_m2m100.is_many_to_many(model):
+    out = hf_m2m100.export(model, args.out)
+    return (f'Wrote the Hugging Face M2M100 model to {out}; load it with '
+            f'M2M100ForConditionalGeneration.from_pretrained({out!r}) and '
+            f'AutoTokenizer.from_pretrained({out!r}).')
   out = hf_marian.export(model, args.out)
   return (f'Wrote the Hugging Face Marian model to {out}; load it with '
           f'MarianMTModel.from_pretrained({out!r}) and '

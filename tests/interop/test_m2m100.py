@@ -301,3 +301,82 @@ def test_bad_folders_fail_with_one_line_leaving_nothing(
     assert word in line, line
   assert not out.exists()
   assert not [p for p in os.listdir(tmp_path) if 'partial' in p]
+
+
+# ----------------------------------------------------------------- export ---
+
+def test_import_export_hf_import_is_bitwise(imported, tmp_path, capsys):
+  from transformers import M2M100ForConditionalGeneration
+  hf_dir, again = str(tmp_path / 'hf'), str(tmp_path / 'again')
+  assert cli.main(['export', '--format', 'hf', '--from', imported.out,
+                   '--out', hf_dir]) == 0
+  assert 'M2M100ForConditionalGeneration' in capsys.readouterr().out
+  # transformers loads it, with its tokenizer, and computes the same.
+  model = M2M100ForConditionalGeneration.from_pretrained(hf_dir).eval()
+  tok = m2m100_folders.hf_tokenizer(hf_dir)
+  texts = m2m100_folders.test_texts(100, 3)
+  for language, _ in imported.pairs:
+    tok.src_lang = imported.hf_tok.src_lang = language
+    assert [tok(t)['input_ids'] for t in texts] == [
+        imported.hf_tok(t)['input_ids'] for t in texts]
+  # The logits differ from the original's only by its key biases, which
+  # the softmax cancels and jaxformer drops (written as zeros).
+  rows = imported.rows(sentences(), imported.pairs[0][0])
+  inputs = dict(input_ids=torch.tensor(rows, dtype=torch.long),
+                decoder_input_ids=torch.tensor(rows[:, :5], dtype=torch.long))
+  with torch.no_grad():
+    np.testing.assert_allclose(model(**inputs).logits.numpy(),
+                               imported.hf(**inputs).logits.numpy(),
+                               atol=1e-5, rtol=0)
+  assert cli.main(['import', '--from', hf_dir, '--out', again]) == 0
+  back = trained.load(again)
+  for (path, a), (_, b) in zip(
+      jax_leaves(imported.ours.params), jax_leaves(back.params)):
+    assert np.array_equal(np.asarray(a), np.asarray(b)), path
+  assert back.model_config == imported.ours.model_config
+  assert back.source_tok.serialized_model_proto() != b''
+  for language, _ in imported.pairs:
+    assert back.source_tok.with_language(language).encode(texts) == \
+        imported.ours.source_tok.with_language(language).encode(texts)
+
+
+def jax_leaves(params):
+  import jax
+  return jax.tree_util.tree_leaves_with_path(params)
+
+
+@pytest.mark.parametrize('imported', ['m2m100-2+1', 'nllb-1+2-d24'],
+                         indirect=True)
+def test_ct2_export_translates_as_generate(imported, tmp_path, capsys):
+  """Called as CTranslate2's documentation calls M2M100: source tokens
+  from the tokenizer (language token and </s> included), target_prefix
+  the target language token."""
+  ctranslate2 = pytest.importorskip('ctranslate2')
+  out = str(tmp_path / 'ct2')
+  assert cli.main(['export', '--format', 'ct2', '--from', imported.out,
+                   '--out', out]) == 0
+  assert 'target_prefix' in capsys.readouterr().out
+  tok = m2m100_folders.hf_tokenizer(out)  # The folder's own tokenizer.
+  translator = ctranslate2.Translator(out)
+  eos = imported.ours.model_config.eos_id
+  texts = sentences()
+  for source, target in imported.pairs:
+    tok.src_lang = source
+    pieces = [tok.convert_ids_to_tokens(tok.encode(t)) for t in texts]
+    prefix = imported.language_token(target)
+    results = translator.translate_batch(
+        pieces, target_prefix=[[prefix]] * len(texts), beam_size=1,
+        max_decoding_length=DECODE_LEN)
+    got = [tok.convert_tokens_to_ids(r.hypotheses[0]) for r in results]
+    want = imported.generate(imported.rows(texts, source), target,
+                             num_beams=1)
+    want = [[i for i in up_to_eos(row, eos) if i != eos] for row in want]
+    print(f'{source}->{target}: {sum(a == b for a, b in zip(got, want))}/'
+          f'{len(want)} CTranslate2 outputs equal generate\'s')
+    assert got == want
+  int8 = str(tmp_path / 'int8')
+  assert cli.main(['export', '--format', 'ct2', '--quantization', 'int8',
+                   '--from', imported.out, '--out', int8]) == 0
+  result = ctranslate2.Translator(int8, compute_type='int8').translate_batch(
+      pieces[:2], target_prefix=[[prefix]] * 2, max_decoding_length=8)
+  assert all(r.hypotheses[0][0] == prefix for r in result)
