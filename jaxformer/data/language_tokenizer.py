@@ -109,17 +109,20 @@ class LanguageTokenizer:
                       ) -> LanguageTokenizer:
     """The inverse of `serialized_model_proto()`."""
     from jaxformer.data import tokenizer
-    try:
-      fields = json.loads(data)
-      assert fields.pop('format') == FORMAT
-      inner = tokenizer.from_serialized(
-          base64.b64decode(fields.pop('inner')), name)
-      return cls(inner, name=name, **fields)
-    except sources.DataError:
-      raise
-    except (ValueError, KeyError, AssertionError, TypeError):
+    fields = {}
+    if is_serialized(data):
+      try:
+        fields = json.loads(data)
+        fields['inner'] = base64.b64decode(fields['inner'])
+      except (ValueError, KeyError, TypeError):
+        fields = {}
+    if set(fields) != {'format', 'inner', 'languages', 'vocab_size',
+                       'language', 'pieces', 'layout'}:
       raise sources.DataError(f'{name}: not a jaxformer language tokenizer '
-                              f'(format {FORMAT})') from None
+                              f'(format {FORMAT})')
+    del fields['format']
+    inner = tokenizer.from_serialized(fields.pop('inner'), name)
+    return cls(inner, name=name, **fields)
 
   # -------------------------------------------------------------- the ids ---
 

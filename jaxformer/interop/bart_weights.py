@@ -188,3 +188,17 @@ def read_weights(folder: str, error: type) -> dict:
                   'download it again') from None
     weights = {k: v.detach().float().numpy() for k, v in state.items()}
   return {k: np.asarray(v, np.float32) for k, v in weights.items()}
+
+
+def load_into_torch(model, state: dict, family: str):
+  """`model` (a transformers model) with the float32 arrays of `state`
+  loaded, its computed position tables aside; returns it."""
+  import torch
+  weights = {k: torch.from_numpy(np.ascontiguousarray(v))
+             for k, v in state.items()}
+  missing, unexpected = model.load_state_dict(weights, strict=False)
+  missing = [k for k in missing if 'embed_positions' not in k]
+  if missing or unexpected:  # A mapping error of ours, not the user's.
+    raise RuntimeError(f'the {family} weights do not fit: missing {missing}, '
+                       f'unexpected {unexpected}.')
+  return model

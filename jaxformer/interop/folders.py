@@ -1,5 +1,7 @@
 """Writing a model folder whole: into a temporary sibling, renamed into place
 once complete, so that a failed export leaves nothing that looks finished."""
+import base64
+import json
 import os
 import shutil
 import tempfile
@@ -50,3 +52,14 @@ def write_export(out: str, params, extra: dict,
     os.rename(partial, out)
   finally:
     shutil.rmtree(partial, ignore_errors=True)
+
+
+def write_import(out: str, params, run, tokenizers, folder: str,
+                 keep_provenance: bool = False) -> None:
+  """`write_export` of a model imported from `folder`: its run config
+  `run`, its `tokenizers` (one, or source and target) and step 0."""
+  write_export(out, params, {
+      'config': json.loads(run.to_json_best_effort()),
+      'tokenizers': [base64.b64encode(t.serialized_model_proto()).decode()
+                     for t in tokenizers],
+      'steps': [0], 'source': folder}, keep_provenance)

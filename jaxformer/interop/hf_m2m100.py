@@ -73,18 +73,11 @@ def state_dict(params, config: ModelConfig) -> dict[str, np.ndarray]:
 def m2m100_model(params, config: ModelConfig, bos_id: int | None = None):
   """The `transformers.M2M100ForConditionalGeneration` (float32, eval
   mode) of `params`."""
-  import torch
   from transformers import M2M100Config, M2M100ForConditionalGeneration
-  model = M2M100ForConditionalGeneration(
-      M2M100Config(**m2m100_config(config, bos_id))).eval()
-  weights = {k: torch.from_numpy(np.ascontiguousarray(v))
-             for k, v in state_dict(params, config).items()}
-  missing, unexpected = model.load_state_dict(weights, strict=False)
-  missing = [k for k in missing if 'embed_positions' not in k]
-  if missing or unexpected:  # A mapping error of this module, not the user's.
-    raise RuntimeError(f'the M2M100 weights do not fit: missing {missing}, '
-                       f'unexpected {unexpected}.')
-  return model
+  return bart_weights.load_into_torch(
+      M2M100ForConditionalGeneration(
+          M2M100Config(**m2m100_config(config, bos_id))).eval(),
+      state_dict(params, config), 'M2M100')
 
 
 def tokenizer_files(tokenizer: language_tokenizer.LanguageTokenizer

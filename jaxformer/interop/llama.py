@@ -19,9 +19,7 @@ read from safetensors files (safetensor_files.py, no torch), one tensor at
 a time; bfloat16 and float16 ones become float32 (exactly) unless
 --dtype bfloat16.
 """
-import base64
 import dataclasses
-import json
 import os
 import re
 from typing import NamedTuple
@@ -357,12 +355,8 @@ def import_folder(folder: str, out: str, base_config, dtype: str = 'float32',
   config = model_config(hf, model_type, special_ids(hf, tokenizer, folder),
                         dtype)
   params = params_from_weights(_weights(folder), config, dtype)
-  run = run_config(base_config, config, tokenizer)
-  extra = {'config': json.loads(run.to_json_best_effort()),
-           'tokenizers': [base64.b64encode(
-               tokenizer.serialized_model_proto()).decode()],
-           'steps': [0], 'source': folder}
-  folders.write_export(out, params, extra, keep_provenance)
+  folders.write_import(out, params, run_config(base_config, config, tokenizer),
+                       [tokenizer], folder, keep_provenance)
   return config, model_type
 
 

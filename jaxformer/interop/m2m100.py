@@ -16,9 +16,7 @@ Every shape is checked before anything is written; the export is written
 whole or not at all. The tokenizer (data/language_tokenizer.py) travels in
 the export.
 """
-import base64
 import dataclasses
-import json
 import os
 
 import numpy as np
@@ -226,12 +224,8 @@ def import_folder(folder: str, out: str, base_config,
   tokenizer = load_tokenizer(folder, config)
   params = params_from_weights(
       bart_weights.read_weights(folder, M2M100ImportError), config)
-  run = run_config(base_config, config, tokenizer)
-  extra = {'config': json.loads(run.to_json_best_effort()),
-           'tokenizers': [base64.b64encode(
-               tokenizer.serialized_model_proto()).decode()],
-           'steps': [0], 'source': folder}
-  folders.write_export(out, params, extra, keep_provenance)
+  folders.write_import(out, params, run_config(base_config, config, tokenizer),
+                       [tokenizer], folder, keep_provenance)
   return config, len(tokenizer.languages)
 
 

@@ -16,8 +16,6 @@ vector: zero_pad_embedding). Anything else is refused, naming the key.
 Every shape is checked before anything is written; the export is written
 to a temporary folder beside `out` and renamed when complete.
 """
-import base64
-import json
 import os
 import sys
 from typing import Callable
@@ -243,12 +241,9 @@ def import_folder(folder: str, out: str, base_config,
   config = model_config(_read_config(folder))
   source, target = _tokenizers(folder, config)
   params = params_from_weights(read_weights(folder), config, warn)
-  run = run_config(base_config, config, source, target)
-  extra = {'config': json.loads(run.to_json_best_effort()),
-           'tokenizers': [base64.b64encode(t.serialized_model_proto()).decode()
-                          for t in (source, target)],
-           'steps': [0], 'source': folder}
-  folders.write_export(out, params, extra, keep_provenance)
+  folders.write_import(out, params,
+                       run_config(base_config, config, source, target),
+                       [source, target], folder, keep_provenance)
   return config
 
 

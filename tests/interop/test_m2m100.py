@@ -18,11 +18,12 @@ pytest.importorskip('transformers')
 pytest.importorskip('safetensors')
 
 import m2m100_folders  # noqa: E402
+import marian_folders  # noqa: E402
+from marian_folders import up_to_eos  # noqa: E402
 
 from jaxformer.cli import main as cli
 from jaxformer.checkpoints import trained
 from jaxformer.inference import beam_search, search
-from jaxformer.model import EncoderDecoder  # noqa: E402
 
 SHAPES = {
     'm2m100-2+1': dict(tokenizer='m2m100', encoder_layers=2, decoder_layers=1,
@@ -89,17 +90,14 @@ class Imported:
 
 @pytest.fixture(scope='module', params=sorted(SHAPES))
 def imported(request, tmp_path_factory):
-  return Imported(tmp_path_factory.mktemp('m2m100'), request.param,
-                  SHAPES[request.param])
+  """One import per shape, shared by the module's tests."""
+  root = tmp_path_factory.mktemp('m2m100')
+  return Imported(root, request.param, SHAPES[request.param])
 
 
 def sentences(count=16, seed=5):
+  """Sentences of known words, some with unseen characters."""
   return m2m100_folders.test_texts(count, seed)
-
-
-def up_to_eos(row, eos):
-  row = [int(t) for t in row]
-  return row[:row.index(eos) + 1] if eos in row else row
 
 
 def test_the_import_has_m2m100s_options(imported):
@@ -119,20 +117,8 @@ def test_logits_equal_pytorchs(imported):
   (source, _), (target, _) = imported.pairs
   sources = imported.rows(sentences(), source)
   targets = imported.rows(sentences(seed=9)[::-1], target)
-  pad = imported.ours.model_config.pad_id
-  ours = np.asarray(EncoderDecoder(imported.ours.model_config).apply(
-      {'params': imported.ours.params}, sources, targets))
-  with torch.no_grad():
-    theirs = imported.hf(
-        input_ids=torch.tensor(sources, dtype=torch.long),
-        attention_mask=torch.tensor(sources != pad),
-        labels=torch.tensor(np.where(targets == pad, -100, targets),
-                            dtype=torch.long)).logits.numpy()
-  real = targets != pad
-  difference = np.abs(ours - theirs)[real].max()
-  print(f'max abs logit difference: {difference:.3g} '
-        f'(|logits| up to {np.abs(theirs).max():.3g})')
-  assert difference < 1e-5
+  assert marian_folders.logit_difference(imported.ours, imported.hf, sources,
+                                         targets) < 1e-5
 
 
 def test_tokenisation_equals_hugging_faces(imported):
