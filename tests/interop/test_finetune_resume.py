@@ -142,7 +142,7 @@ def test_a_killed_finetuning_run_resumes_bitwise(tmp_path, setup):
   for a, b in zip(*(map(np.asarray, _leaves(m.params))
                     for m in (ours, theirs))):
     np.testing.assert_array_equal(a, b)
-  if ours.source_tok is not ours.target_tok:  # A many-to-many model's pair.
+  if hasattr(ours.source_tok, 'languages'):  # A many-to-many model's pair.
     assert (ours.source_tok.language, ours.target_tok.language) == (
         'en', 'de')
   pad = ours.model_config.pad_id
