@@ -180,6 +180,7 @@ def cmd_evaluate(args, overrides) -> int:
 
 def cmd_attention(args, overrides) -> int:
   import numpy as np
+  from jaxformer.data import language_tokenizer
   from jaxformer.inference import search
   from jaxformer.inference import evaluate
   from jaxformer.inference import plots
@@ -188,8 +189,10 @@ def cmd_attention(args, overrides) -> int:
   source_tok, target_tok = model.source_tok, model.target_tok
   rows, _ = evaluate.encode_sources(source_tok, [args.src],
                                     config.data.max_source_length)
+  forced = language_tokenizer.first_id(target_tok)
   tokens, weights = search.greedy_decode(
       model.params, model_config, rows, return_attention=True,
+      forced_ids=-1 if forced is None else forced,
       max_decode_len=search.decode_length(
           rows.shape[1], config.decode.max_extra_len, model_config.max_len))
   tokens, weights = np.asarray(tokens[0]), np.asarray(weights[0])
@@ -318,6 +321,7 @@ def add_parsers(commands) -> None:
       'attention', help='plot the cross-attention of one translation')
   add_model_args(attention)
   attention.add_argument('--src', required=True, help='the source sentence')
+  add_language_args(attention)
   attention.add_argument('--layer', type=NON_NEGATIVE_INT, default=0)
   attention.add_argument('--head', type=NON_NEGATIVE_INT, default=None,
                          help='default: the mean over heads')
