@@ -8,8 +8,9 @@ first (forced, as `forced_bos_token_id`), and `decode` drops it with the
 other special ids. `inner` is a `VocabTokenizer` (M2M100: SentencePiece
 pieces looked up in vocab.json) or an `HFTokenizer` (NLLB's
 tokenizer.json, its post-processor reduced to `$A </s>`); either encodes
-`pieces + [</s>]`. Ids past the inner vocabulary are the language tokens
-and, up to the model's vocabulary, fairseq's unused 'madeupwordN' ids.
+`pieces + [</s>]`. Ids past the inner vocabulary (M2M100's language
+tokens, and up to the model's vocabulary fairseq's unused 'madeupwordN'
+ids) are named by `pieces`.
 
 A tokenizer is bound to one source language (`language`);
 `with_language(code)` gives one bound to another (same vocabulary).

@@ -169,10 +169,12 @@ def _nllb_tokenizer(hf, folder: str, config: ModelConfig):
 def load_tokenizer(folder: str, config: ModelConfig
                    ) -> language_tokenizer.LanguageTokenizer:
   """The folder's M2M100 or NLLB tokenizer (by tokenizer_config.json's
-  tokenizer_class), as `LanguageTokenizer`."""
+  tokenizer_class, else by its files), as `LanguageTokenizer`."""
   kind = hf_folders.read_json(folder, 'tokenizer_config.json',
-                              required=False).get('tokenizer_class', '')
-  nllb = kind.startswith('Nllb')
+                              required=False).get('tokenizer_class') or ''
+  nllb = kind.startswith('Nllb') or not kind and not os.path.isfile(
+      os.path.join(folder, 'vocab.json')) and os.path.isfile(
+          os.path.join(folder, 'tokenizer.json'))
   needed = ('tokenizer.json',) if nllb else ('vocab.json',
                                               'sentencepiece.bpe.model')
   for name in needed:
