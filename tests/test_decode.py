@@ -378,7 +378,8 @@ def test_fsdp_parameters_are_gathered_once_not_at_every_token():
     """Collectives in the compiled search (XLA's CPU partitioner computes
     on the parameter shards and all-reduces the products, token by token)."""
     hlo = search._greedy_decode.lower(
-        params, inputs, config, DECODE_LEN, search.EOS_ID, False
+        params, inputs, -jnp.ones(inputs.shape[:1], jnp.int32), config,
+        DECODE_LEN, search.EOS_ID, False
         ).compile().as_text()
     return sum(hlo.count(f' {op}(') + hlo.count(f' {op}-start(') for op in (
         'all-gather', 'all-reduce', 'reduce-scatter', 'collective-permute',

@@ -47,7 +47,7 @@ def _export_other_format(model, args) -> str:
   model as a Hugging Face BERT/RoBERTa/XLM-R. Returns the line
   that says how to use it."""
   from jaxformer.interop import (ct2, ct2_encoder, ct2_lm, hf_bert, hf_llama,
-                                 hf_marian)
+                                 hf_m2m100, hf_marian)
   generates = model.task.generates
   if args.format == 'ct2' and model.task.name in ('classification',
                                                   'regression'):
@@ -63,6 +63,11 @@ def _export_other_format(model, args) -> str:
     use = (f'generate with ctranslate2.Generator({out!r}) and the tokenizer '
            f'{out}/tokenizer.json (docs/interop.md: "Start from a Llama or '
            'Qwen2 checkpoint")' if generates else
+           f'translate with ctranslate2.Translator({out!r}), sources from '
+           f'AutoTokenizer.from_pretrained({out!r}) with src_lang set and '
+           'target_prefix=[[the target language token]] (docs/interop.md: '
+           '"Translate between many languages")'
+           if hf_m2m100.is_many_to_many(model) else
            f'translate with ctranslate2.Translator({out!r}) and the '
            f'SentencePiece model {out}/source.spm (README: "Start from a '
            'pretrained OPUS-MT model")')
@@ -79,6 +84,11 @@ def _export_other_format(model, args) -> str:
             f' model to {out}; load it with AutoModelForCausalLM.'
             f'from_pretrained({out!r}) and AutoTokenizer.from_pretrained'
             f'({out!r}).')
+  if hf_m2m100.is_many_to_many(model):
+    out = hf_m2m100.export(model, args.out)
+    return (f'Wrote the Hugging Face M2M100 model to {out}; load it with '
+            f'M2M100ForConditionalGeneration.from_pretrained({out!r}) and '
+            f'AutoTokenizer.from_pretrained({out!r}).')
   out = hf_marian.export(model, args.out)
   return (f'Wrote the Hugging Face Marian model to {out}; load it with '
           f'MarianMTModel.from_pretrained({out!r}) and '
@@ -87,26 +97,30 @@ def _export_other_format(model, args) -> str:
 
 # config.json model_type values `jaxformer import` takes.
 IMPORTED_TYPES = ('marian', 'llama', 'qwen2', 'mistral', 'bert', 'roberta',
-                  'xlm-roberta')
+                  'xlm-roberta', 'm2m_100')
 
 
 def cmd_import(args, overrides) -> int:
   """A Hugging Face folder, by its config.json model_type: Marian
-  (OPUS-MT), the Llama family or the BERT family."""
+  (OPUS-MT), M2M100/NLLB, the Llama family or the BERT family."""
   from jaxformer.config.settings import default_config
-  from jaxformer.interop import bert, hf_folders, llama, marian
+  from jaxformer.interop import bert, hf_folders, llama, m2m100, marian
   model_type = hf_folders.model_type(args.from_)
   if args.num_labels is not None and model_type not in bert.MODEL_TYPES:
     raise ValueError(f'--num-labels applies to encoder imports ('
                      f'{", ".join(bert.MODEL_TYPES)}), not {model_type!r}.')
   if model_type in bert.MODEL_TYPES:
-    if args.dtype != 'float32':
-      raise ValueError(f'--dtype {args.dtype} applies to Llama-family '
-                       'imports; encoders import in float32.')
+    _float32_only(args, 'BERT-family')
     config, model_type, task = bert.import_folder(
         args.from_, args.out, default_config(), args.num_labels,
         args.keep_provenance)
     print(bert.report(config, model_type, task, args.out))
+    return 0
+  if model_type == m2m100.MODEL_TYPE:
+    _float32_only(args, 'M2M100/NLLB')
+    config, languages = m2m100.import_folder(
+        args.from_, args.out, default_config(), args.keep_provenance)
+    print(m2m100.report(config, languages, args.out))
     return 0
   if model_type in llama.MODEL_TYPES:
     config, model_type = llama.import_folder(
@@ -118,15 +132,18 @@ def cmd_import(args, overrides) -> int:
     raise ValueError(f'{args.from_}/config.json: model_type {model_type!r} '
                      'cannot be imported; supported: '
                      f'{", ".join(IMPORTED_TYPES)}.')
-  if args.dtype != 'float32':
-    raise ValueError(f'--dtype {args.dtype} applies to Llama-family imports; '
-                     'Marian models import in float32.')
+  _float32_only(args, 'Marian')
   config = marian.import_folder(args.from_, args.out, default_config(),
                                 warn=marian.main_warn,
                                 keep_provenance=args.keep_provenance)
   print(marian.report(config, args.out))
   return 0
 
+
+def _float32_only(args, family: str) -> None:
+  if args.dtype != 'float32':
+    raise ValueError(f'--dtype {args.dtype} applies to Llama-family imports; '
+                     f'{family} models import in float32.')
 
 
 def add_provenance_arg(p) -> None:

@@ -53,8 +53,10 @@ def load_trained(args, overrides):
   from jaxformer.config import path_keys
   from jaxformer.config import settings as config_lib
   from jaxformer.checkpoints import trained
+  from jaxformer.data import language_tokenizer
   model = trained.load(args.workdir, args.checkpoint)
   saved = config_lib.trained_model_config(model.config)
+  overrides = [*overrides, *language_overrides(args)]
   config = path_keys.resolve_paths(
       config_lib.with_overrides(saved, overrides))
   changed = resume.incompatible_keys(saved.to_dict(), config.to_dict())
@@ -63,7 +65,25 @@ def load_trained(args, overrides):
         f'--config.{changed[0]}: a trained model keeps the settings it was '
         'trained with; only train.*, eval.*, decode.*, checkpoint.* and the '
         'data files may change.')
-  return dataclasses.replace(model, config=config)
+  source_tok, target_tok = language_tokenizer.bind_pair(
+      model.source_tok, model.target_tok, config.data)
+  return dataclasses.replace(model, config=config, source_tok=source_tok,
+                             target_tok=target_tok)
+
+
+def language_overrides(args) -> list[str]:
+  """--source-lang / --target-lang as the config overrides they stand for."""
+  return [f'--config.data.{key}={getattr(args, key)}'
+          for key in ('source_lang', 'target_lang')
+          if getattr(args, key, None)]
+
+
+def add_language_args(p) -> None:
+  for side in ('source', 'target'):
+    p.add_argument(f'--{side}-lang', default=None,
+                   help=f'a many-to-many model\'s (M2M100/NLLB) {side} '
+                   'language code, e.g. en or deu_Latn (config '
+                   f'data.{side}_lang)')
 
 
 def load_translator(args, overrides):
@@ -198,6 +218,7 @@ def cmd_evaluate(args, overrides) -> int:
 
 def cmd_attention(args, overrides) -> int:
   import numpy as np
+  from jaxformer.data import language_tokenizer
   from jaxformer.inference import search
   from jaxformer.inference import evaluate
   from jaxformer.inference import plots
@@ -206,8 +227,10 @@ def cmd_attention(args, overrides) -> int:
   source_tok, target_tok = model.source_tok, model.target_tok
   rows, _ = evaluate.encode_sources(source_tok, [args.src],
                                     config.data.max_source_length)
+  forced = language_tokenizer.first_id(target_tok)
   tokens, weights = search.greedy_decode(
       model.params, model_config, rows, return_attention=True,
+      forced_ids=-1 if forced is None else forced,
       max_decode_len=search.decode_length(
           rows.shape[1], config.decode.max_extra_len, model_config.max_len))
   tokens, weights = np.asarray(tokens[0]), np.asarray(weights[0])
@@ -272,6 +295,7 @@ def add_parsers(commands) -> None:
   add_input_args(translate, 'source sentences')
   add_output_args(translate, 'translations', 'their lines are grouped by '
                   'length into batches')
+  add_language_args(translate)
   translate.add_argument('--beam', type=POSITIVE_INT, default=None)
   translate.add_argument('--alpha', type=NON_NEGATIVE_FLOAT, default=None)
   translate.add_argument('--max-extra-len', type=NON_NEGATIVE_INT,
@@ -335,6 +359,7 @@ def add_parsers(commands) -> None:
   add_model_args(evaluate)
   evaluate.add_argument('--split', default='test',
                         choices=('train', 'dev', 'test'))
+  add_language_args(evaluate)
   evaluate.add_argument('--beam', type=POSITIVE_INT, default=None)
   evaluate.add_argument('--alpha', type=NON_NEGATIVE_FLOAT, default=None)
   evaluate.add_argument('--hypotheses', type=path, default=None,
@@ -346,6 +371,7 @@ def add_parsers(commands) -> None:
       'attention', help='plot the cross-attention of one translation')
   add_model_args(attention)
   attention.add_argument('--src', required=True, help='the source sentence')
+  add_language_args(attention)
   attention.add_argument('--layer', type=NON_NEGATIVE_INT, default=0)
   attention.add_argument('--head', type=NON_NEGATIVE_INT, default=None,
                          help='default: the mean over heads')

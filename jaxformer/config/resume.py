@@ -19,6 +19,7 @@ RESUMABLE_CHANGES = ('train.', 'eval.', 'checkpoint.', 'decode.', 'init.',
                      'distributed.', 'mesh.', 'data.tokenizer.wait_seconds',
                      'data.allow_new_data_order',
                      'data.tsv.', 'data.files.', 'data.tfds.data_dir',
+                     'data.source_lang', 'data.target_lang',
                      'seed')
 
 # Resumable keys that still change the layout of the saved state: the RNG

@@ -43,6 +43,10 @@ def default_data_config() -> ml_collections.ConfigDict:
           joint=True,
           wait_seconds=3600.0,  # how long processes > 0 wait for process 0's model
       ),
+      # A many-to-many model's (M2M100/NLLB) language pair, by its codes
+      # ('en', 'deu_Latn'): sources start with source_lang's token, targets
+      # with target_lang's, which decoding forces first; '' for other models.
+      source_lang='', target_lang='',
       max_source_length=64,  # tokens incl. EOS; longer examples are dropped
       max_target_length=64,  # from training, truncated in evaluation
       batching='pack',  # 'pack' | 'bucket'

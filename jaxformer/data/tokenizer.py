@@ -156,9 +156,12 @@ def train_tokenizer(texts: Iterable[str], model_prefix: str,
 def from_serialized(data: bytes, name: str = 'model'):
   """A `Tokenizer` (a SentencePiece model with jaxformer's ids), a
   `vocab_tokenizer.VocabTokenizer` (pieces with their own vocabulary, e.g.
-  an imported Marian model's) or an `hf_tokenizer.HFTokenizer` (an imported
-  Llama-family model's) from its `serialized_model_proto()`."""
-  from jaxformer.data import hf_tokenizer
+  an imported Marian model's), an `hf_tokenizer.HFTokenizer` (an imported
+  Llama-family model's) or a `language_tokenizer.LanguageTokenizer` (an
+  imported M2M100 or NLLB model's) from its `serialized_model_proto()`."""
+  from jaxformer.data import hf_tokenizer, language_tokenizer
+  if language_tokenizer.is_serialized(data):
+    return language_tokenizer.LanguageTokenizer.from_serialized(data, name)
   if hf_tokenizer.is_serialized(data):
     return hf_tokenizer.HFTokenizer.from_serialized(data, name)
   if data[:1] == b'{':  # JSON; a SentencePiece proto starts with field 1.

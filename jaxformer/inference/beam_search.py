@@ -76,12 +76,14 @@ def best_possible_score(alive_logprob: jax.Array, step: jax.Array,
 
 def beam_search_step(state: BeamState, step_fn: StepFn, *, alpha, eos_id,
                      max_decode_len: int, early_exit=True,
-                     start_id: int = PAD_ID) -> BeamState:
+                     start_id: int = PAD_ID, forced_ids=None) -> BeamState:
   """Extends every live beam by one token.
 
   The 2 * beam best extensions are enough to keep `beam` live ones, as at most
   one extension per beam ends in EOS. Extensions ending in EOS that rank among
   the best `beam` enter the finished set with score log p / length_penalty.
+  forced_ids: [batch] int32, the first token of each sentence (log p 0,
+  every other -inf, as Hugging Face forces a token), -1 where none.
   """
   batch, beam, _ = state.alive_tokens.shape
   step = state.step
@@ -91,6 +93,10 @@ def beam_search_step(state: BeamState, step_fn: StepFn, *, alpha, eos_id,
           batch * beam), step)
   log_probs = jax.nn.log_softmax(logits).reshape(batch, beam, -1)
   vocab = log_probs.shape[-1]
+  if forced_ids is not None:
+    forcing = ((step == 0) & (forced_ids >= 0))[:, None, None]
+    only = jnp.arange(vocab) == forced_ids[:, None, None]
+    log_probs = jnp.where(forcing, jnp.where(only, 0.0, NEG_INF), log_probs)
 
   candidate_logprob = (state.alive_logprob[..., None] + log_probs).reshape(
       batch, beam * vocab)
@@ -160,8 +166,8 @@ def final_beams(state: BeamState, max_decode_len: int, alpha: float):
 
 @functools.partial(jax.jit, static_argnames=(
     'config', 'beam_size', 'max_decode_len'))
-def _beam_search(params, inputs, config, beam_size, alpha, max_decode_len,
-                 eos_id, early_exit):
+def _beam_search(params, inputs, forced_ids, config, beam_size, alpha,
+                 max_decode_len, eos_id, early_exit):
   encoded, segment_ids = encoder_outputs(config, params, inputs)
   cache = init_cache(config, params, encoded, segment_ids, max_decode_len)
   step_fn = translation_step_fn(
@@ -172,7 +178,8 @@ def _beam_search(params, inputs, config, beam_size, alpha, max_decode_len,
   step = functools.partial(beam_search_step, step_fn=step_fn, alpha=alpha,
                            eos_id=eos_id, max_decode_len=max_decode_len,
                            early_exit=early_exit,
-                           start_id=config.decoder_start_id)
+                           start_id=config.decoder_start_id,
+                           forced_ids=forced_ids)
   state = jax.lax.while_loop(
       lambda s: (s.step < max_decode_len) & ~jnp.all(s.done), step, state)
   return (*final_beams(state, max_decode_len, alpha), state.step)
@@ -182,7 +189,8 @@ def beam_search(params, config: ModelConfig, inputs, *,
                 beam_size: int = BEAM_SIZE, alpha: float = ALPHA,
                 max_decode_len: int | None = None,
                 eos_id: int | None = None, early_exit: bool = True,
-                return_steps: bool = False, batch_parts: int | None = None):
+                return_steps: bool = False, batch_parts: int | None = None,
+                forced_ids=None):
   """Beam search translation with GNMT's length penalty.
 
   A hypothesis scores log p(Y | X) / ((5 + |Y|) / 6) ** alpha, |Y| counting
@@ -207,19 +215,21 @@ def beam_search(params, config: ModelConfig, inputs, *,
     batch_parts: decode this many blocks of sentences concurrently
       (`cpu_kernels.search_in_parts`); defaults to
       `cpu_kernels.default_batch_parts(inputs)`.
+    forced_ids: [batch] int (or one int), each sentence's first token, -1
+      (the default) where it is searched (`search.greedy_decode`).
 
   Returns:
     (tokens [batch, beam, max_decode_len] int32, best first, pad_id after EOS;
     scores [batch, beam] float32), then the step count if `return_steps`.
   """
-  inputs, max_decode_len, eos_id = translation_arguments(
-      config, inputs, max_decode_len, eos_id)
+  inputs, max_decode_len, eos_id, forced_ids = translation_arguments(
+      config, inputs, max_decode_len, eos_id, forced_ids)
   if beam_size * 2 > config.output_vocab_size:
     raise ValueError('beam_size must be at most half the vocabulary.')
   params = meta.unbox(params)
   tokens, scores, steps = cpu_kernels.search_in_parts(
       lambda rows: _beam_search(
-          params, rows, config, beam_size, jnp.float32(alpha),
+          params, *rows, config, beam_size, jnp.float32(alpha),
           max_decode_len, jnp.int32(eos_id), jnp.bool_(early_exit)),
-      inputs, batch_parts)
+      (inputs, forced_ids), batch_parts)
   return (tokens, scores, steps) if return_steps else (tokens, scores)

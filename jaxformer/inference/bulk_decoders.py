@@ -17,6 +17,7 @@ import sys
 import jax
 import numpy as np
 
+from jaxformer.data import language_tokenizer
 from jaxformer.inference import evaluate, generation, predict
 from jaxformer.inference.bulk import Chunking
 
@@ -57,7 +58,8 @@ class Translation:
     return evaluate.decode_rows(
         params, self.model.model_config, rows, beam_size=s.beam_size,
         alpha=s.alpha, max_extra_len=s.max_extra_len, batch_parts=1,
-        device=device)
+        device=device,
+        forced_id=language_tokenizer.first_id(self.model.target_tok))
 
   def outputs(self, rows, tokens: np.ndarray, lines: list[str]
               ) -> tuple[list[str], int]:

@@ -12,7 +12,7 @@ from jax.experimental import multihost_utils
 from jaxformer.inference import beam_search
 from jaxformer.inference import search
 from jaxformer.parallel import mesh as mesh_lib
-from jaxformer.data import pipeline
+from jaxformer.data import language_tokenizer, pipeline
 from jaxformer.data import sources
 from jaxformer.data.tokenizer import Tokenizer, cut_to_tokens
 from jaxformer.model.config import ModelConfig
@@ -40,16 +40,21 @@ def corpus_scores(hypotheses: Sequence[str],
 def decode_tokens(params, model_config: ModelConfig, inputs, *,
                   beam_size: int, alpha: float, max_decode_len: int,
                   eos_id: int | None = None,
-                  batch_parts: int | None = None) -> jax.Array:
+                  batch_parts: int | None = None,
+                  forced_id: int | None = None) -> jax.Array:
   """Best translation's tokens [batch, max_decode_len] (greedy if beam 1);
-  batch_parts as the searches take it (None: their default)."""
+  batch_parts as the searches take it (None: their default); forced_id:
+  every translation's first token (a many-to-many model's target
+  language), None for none."""
+  forced = -1 if forced_id is None else forced_id
   if beam_size <= 1:
     return search.greedy_decode(params, model_config, inputs,
                                 max_decode_len=max_decode_len, eos_id=eos_id,
-                                batch_parts=batch_parts)
+                                batch_parts=batch_parts, forced_ids=forced)
   tokens, _ = beam_search.beam_search(
       params, model_config, inputs, beam_size=beam_size, alpha=alpha,
-      max_decode_len=max_decode_len, eos_id=eos_id, batch_parts=batch_parts)
+      max_decode_len=max_decode_len, eos_id=eos_id, batch_parts=batch_parts,
+      forced_ids=forced)
   return tokens[:, 0]
 
 
@@ -110,7 +115,8 @@ def source_batch(source_tok: Tokenizer, sentences: Sequence[str],
 def decode_rows(params, model_config: ModelConfig, rows: np.ndarray, *,
                 beam_size: int, alpha: float, max_extra_len: int,
                 batch_parts: int | None = None,
-                device: jax.Device | None = None) -> np.ndarray:
+                device: jax.Device | None = None,
+                forced_id: int | None = None) -> np.ndarray:
   """Best tokens [batch, length] of source rows [batch, s], decoding up to
   max_extra_len tokens beyond the batch's longest source (rounded up to a
   multiple of 16), so the batch alone decides its program; on `device`
@@ -123,7 +129,8 @@ def decode_rows(params, model_config: ModelConfig, rows: np.ndarray, *,
   return np.asarray(decode_tokens(params, model_config, rows,
                                   beam_size=beam_size, alpha=alpha,
                                   max_decode_len=decode_len,
-                                  batch_parts=batch_parts))
+                                  batch_parts=batch_parts,
+                                  forced_id=forced_id))
 
 
 def texts_of(target_tok: Tokenizer, tokens: np.ndarray,
@@ -158,7 +165,8 @@ def translate(params, model_config: ModelConfig, source_tok: Tokenizer,
                         max_source_length=max_source_length,
                         on_too_long=on_too_long, warn=warn)
     tokens = decode_rows(params, model_config, rows, beam_size=beam_size,
-                         alpha=alpha, max_extra_len=max_extra_len)
+                         alpha=alpha, max_extra_len=max_extra_len,
+                         forced_id=language_tokenizer.first_id(target_tok))
     return texts_of(target_tok, tokens, batch)
 
   for sentence in sentences:
@@ -215,7 +223,8 @@ def decode_split(params, model_config: ModelConfig,
                                     'index': local['example_index']}, mesh)
     tokens = decode_tokens(params, model_config, inputs['inputs'],
                            beam_size=beam_size, alpha=alpha,
-                           max_decode_len=decode_len)
+                           max_decode_len=decode_len,
+                           forced_id=language_tokenizer.first_id(target_tok))
     tokens = multihost_utils.process_allgather(tokens, tiled=True)
     indices = multihost_utils.process_allgather(inputs['index'], tiled=True)
     for index, row in zip(np.asarray(indices), np.asarray(tokens)):

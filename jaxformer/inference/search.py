@@ -64,17 +64,30 @@ def _check_decode_length(config: ModelConfig, max_decode_len: int):
 
 
 def translation_arguments(config: ModelConfig, inputs,
-                          max_decode_len: int | None, eos_id: int | None):
+                          max_decode_len: int | None, eos_id: int | None,
+                          forced_ids=None):
   """A translation search's arguments with their defaults filled in and
   checked: (inputs [batch, s] int32, max_decode_len (by default
   `max_decode_length` of the inputs, within the model's max_len), eos_id
-  (by default config.eos_id))."""
+  (by default config.eos_id), forced_ids [batch] int32 (-1 where none))."""
   if max_decode_len is None:
     max_decode_len = max_decode_length(inputs, max_len=config.max_len,
                                        pad_id=config.pad_id)
   eos_id = config.eos_id if eos_id is None else eos_id
   _check_decode_length(config, max_decode_len)
-  return jnp.asarray(inputs, jnp.int32), max_decode_len, eos_id
+  inputs = jnp.asarray(inputs, jnp.int32)
+  forced_ids = jnp.broadcast_to(jnp.asarray(
+      -1 if forced_ids is None else forced_ids, jnp.int32), inputs.shape[:1])
+  return inputs, max_decode_len, eos_id, forced_ids
+
+
+def forcing_first(choose_fn, forced_ids: jax.Array):
+  """`choose_fn` whose first token (step 0) is forced_ids [b] where those
+  are not -1: Hugging Face's forced_bos_token_id, per sentence."""
+  def choose(logits, step):
+    tokens = choose_fn(logits, step)
+    return jnp.where((step == 0) & (forced_ids >= 0), forced_ids, tokens)
+  return choose
 
 
 def previous_tokens(tokens: jax.Array, step: jax.Array,
@@ -178,7 +191,7 @@ def screens_greedy(config: ModelConfig, inputs: jax.Array) -> bool:
 
 @functools.partial(jax.jit, static_argnames=(
     'config', 'max_decode_len', 'return_attention'))
-def _greedy_decode(params, inputs, config, max_decode_len, eos_id,
+def _greedy_decode(params, inputs, forced_ids, config, max_decode_len, eos_id,
                    return_attention):
   encoded, segment_ids = encoder_outputs(config, params, inputs)
   cache = init_cache(config, params, encoded, segment_ids, max_decode_len)
@@ -193,6 +206,7 @@ def _greedy_decode(params, inputs, config, max_decode_len, eos_id,
     record_shape = ((inputs.shape[0], config.num_decoder_layers,
                      config.num_heads, inputs.shape[1]), jnp.float32)
   has_source = jnp.any(inputs != config.pad_id, axis=-1)
+  choose_fn = forcing_first(choose_fn, forced_ids)
   tokens, records = token_loop(step_fn, choose_fn, cache, ~has_source,
                                max_decode_len, eos_id, record_shape,
                                config.decoder_start_id, config.pad_id)
@@ -204,7 +218,7 @@ def _greedy_decode(params, inputs, config, max_decode_len, eos_id,
 def greedy_decode(params, config: ModelConfig, inputs, *,
                   max_decode_len: int | None = None,
                   eos_id: int | None = None, return_attention: bool = False,
-                  batch_parts: int | None = None):
+                  batch_parts: int | None = None, forced_ids=None):
   """Greedy translation of a batch of sources.
 
   Args:
@@ -219,16 +233,19 @@ def greedy_decode(params, config: ModelConfig, inputs, *,
     batch_parts: decode this many blocks of sentences concurrently
       (`cpu_kernels.search_in_parts`); defaults to
       `cpu_kernels.default_batch_parts(inputs)`.
+    forced_ids: [batch] int (or one int) the first token of each sentence
+      is, -1 (the default) where it is chosen: the target language token of
+      a many-to-many model (Hugging Face's forced_bos_token_id).
 
   Returns:
     tokens [batch, max_decode_len] int32: EOS included, pad_id after it; with
     `return_attention`, (tokens, weights [batch, layers, heads,
     max_decode_len, s] float32, zero after EOS).
   """
-  inputs, max_decode_len, eos_id = translation_arguments(
-      config, inputs, max_decode_len, eos_id)
+  inputs, max_decode_len, eos_id, forced_ids = translation_arguments(
+      config, inputs, max_decode_len, eos_id, forced_ids)
   params = meta.unbox(params)
   return cpu_kernels.search_in_parts(
-      lambda rows: _greedy_decode(params, rows, config, max_decode_len,
+      lambda rows: _greedy_decode(params, *rows, config, max_decode_len,
                                   jnp.int32(eos_id), return_attention),
-      inputs, batch_parts)
+      (inputs, forced_ids), batch_parts)

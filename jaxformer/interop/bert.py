@@ -28,7 +28,7 @@ from typing import NamedTuple
 
 import numpy as np
 
-from jaxformer.interop import folders, hf_folders, marian
+from jaxformer.interop import bart_weights, folders, hf_folders
 from jaxformer.model.config import ModelConfig
 
 MODEL_TYPES = ('bert', 'roberta', 'xlm-roberta')
@@ -363,10 +363,7 @@ def import_folder(folder: str, out: str, base_config,
     raise BertImportError(str(e)) from None
   _check_ids(hf, tokenizer, folder)
   config = model_config(hf, model_type, tokenizer, head_)
-  try:
-    weights = marian.read_weights(folder)
-  except marian.MarianImportError as e:
-    raise BertImportError(str(e)) from None
+  weights = bart_weights.read_weights(folder, BertImportError)
   params = params_from_weights(weights, config, model_type, head_, folder)
   run = run_config(base_config, config, tokenizer, head_)
   folders.write_import(out, params, run, [tokenizer], folder, keep_provenance)

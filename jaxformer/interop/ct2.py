@@ -21,15 +21,17 @@ the vocabularies (one piece per id) and the SentencePiece models
 translates as `jaxformer translate` does: the source's EOS is added by
 CTranslate2 (`add_source_eos`), the decoder starts from the model's
 `decoder_start_id` (a zero vector with `zero_pad_embedding`, as Marian's),
-and decoding stops at its `eos_id`.
+and decoding stops at its `eos_id`. A many-to-many model (M2M100, NLLB)
+is called as CTranslate2 documents it: sources are the tokens of the
+folder's Hugging Face tokenizer (hf_m2m100.py writes its files), language
+token and </s> included, and `target_prefix` holds the target language.
 """
-import os
 from typing import Callable
 
 import numpy as np
 
 from jaxformer.data.tokenizer import Tokenizer
-from jaxformer.interop import folders, layout
+from jaxformer.interop import folders, hf_m2m100, layout
 from jaxformer.model.config import ModelConfig
 
 QUANTIZATIONS = ('int8', 'int8_float32', 'bfloat16', 'float16')
@@ -117,11 +119,14 @@ def _activation(config: ModelConfig):
 
 
 def transformer_spec(params, config: ModelConfig, source_vocab: list[str],
-                     target_vocab: list[str], unk_token: str):
+                     target_vocab: list[str], unk_token: str,
+                     add_source_eos: bool = True):
   """The `ctranslate2.specs.TransformerSpec` of `EncoderDecoder(config)`
   with `params`, its vocabularies registered and its config set (the
   special pieces: EOS and the decoder's start from the config, unknown as
-  given)."""
+  given; CTranslate2 appends EOS to sources if `add_source_eos`, as
+  jaxformer's SentencePiece models need, not M2M100's, whose sources hold
+  it)."""
   from ctranslate2.specs import transformer_spec as ts
   params = layout.numpy_tree(params)
   d = config.d_model
@@ -167,7 +172,7 @@ def transformer_spec(params, config: ModelConfig, source_vocab: list[str],
   # zero_pad_embedding: the zero vector, as Marian does).
   spec.config.decoder_start_token = target_vocab[
       config.decoder_start_id]
-  spec.config.add_source_eos = True
+  spec.config.add_source_eos = add_source_eos
   return spec
 
 
@@ -187,25 +192,30 @@ def export(trained, out: str, quantization: str | None = None) -> str:
   source_vocab = vocabulary(trained.source_tok, config.vocab_size, 'source')
   target_vocab = vocabulary(trained.target_tok, config.output_vocab_size,
                             'target')
+  # A many-to-many model's folder holds Hugging Face's tokenizer files,
+  # which give sources with their language token and </s>.
+  many = hf_m2m100.is_many_to_many(trained)
+  files = hf_m2m100.tokenizer_files(trained.source_tok) if many else {
+      f'{name}.spm': tokenizer.sentencepiece_model for name, tokenizer in (
+          ('source', trained.source_tok), ('target', trained.target_tok))}
 
   def fill(directory: str) -> None:
     write(trained.params, config, source_vocab, target_vocab,
-          unknown_piece(trained.target_tok), directory, quantization)
-    for name, tokenizer in (('source', trained.source_tok),
-                            ('target', trained.target_tok)):
-      with open(os.path.join(directory, f'{name}.spm'), 'wb') as f:
-        f.write(tokenizer.sentencepiece_model)
+          unknown_piece(trained.target_tok), directory, quantization,
+          add_source_eos=not many)
+    hf_m2m100.write_files(directory, files)
 
   return folders.write_folder(out, fill)
 
 
 def write(params, config: ModelConfig, source_vocab: list[str],
           target_vocab: list[str], unk_token: str, directory: str,
-          quantization: str | None = None) -> None:
+          quantization: str | None = None,
+          add_source_eos: bool = True) -> None:
   """Converts to CTranslate2 (`transformer_spec`) into `directory`
   (replaced if it exists), weights in `quantization` (None: float32)."""
   convert(lambda: transformer_spec(params, config, source_vocab,
-                                   target_vocab, unk_token),
+                                   target_vocab, unk_token, add_source_eos),
           directory, quantization)
 
 

@@ -80,7 +80,9 @@ def generation_ids(folder: str, key: str) -> list[int] | None:
   return None
 
 
-def _auto_tokenizer(folder: str, source: str):
+def auto_tokenizer(folder: str, source: str):
+  """`AutoTokenizer.from_pretrained(folder)`, offline; a FolderError naming
+  `source` (the tokenizer file) when it cannot be read."""
   try:
     from transformers import AutoTokenizer
   except ImportError:
@@ -115,10 +117,11 @@ def _clean_up(hf) -> bool:
   return bool(hf.clean_up_tokenization_spaces) and (forced or not is_bpe)
 
 
-def load_tokenizer(folder: str, vocab_size: int | None = None
+def load_tokenizer(folder: str, vocab_size: int | None = None, hf=None
                    ) -> hf_tokenizer.HFTokenizer:
-  """The tokenizer of `folder` (see module doc). Its ids must fit the
-  model's `vocab_size` (by default config.json's, where present)."""
+  """The tokenizer of `folder` (see module doc), or of `hf`, the
+  AutoTokenizer already read from it. Its ids must fit the model's
+  `vocab_size` (by default config.json's, where present)."""
   source = next((name for name in TOKENIZER_SOURCES
                  if os.path.isfile(os.path.join(folder, name))), None)
   if source is None:
@@ -126,7 +129,8 @@ def load_tokenizer(folder: str, vocab_size: int | None = None
                       f'{", ".join(TOKENIZER_SOURCES)}); copy the model\'s '
                       'tokenizer files into it')
   path = os.path.join(folder, source)
-  hf = _auto_tokenizer(folder, source)
+  if hf is None:
+    hf = auto_tokenizer(folder, source)
   # An encoder's (BERT's) EOS is its separator, [SEP].
   end = hf.eos_token_id if hf.eos_token_id is not None else getattr(
       hf, 'sep_token_id', None)

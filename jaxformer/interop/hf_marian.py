@@ -18,7 +18,7 @@ import os
 
 import numpy as np
 
-from jaxformer.interop import folders, layout
+from jaxformer.interop import bart_weights, folders, layout
 from jaxformer.model.config import ModelConfig
 
 # jaxformer activation -> transformers' ACT2FN name.
@@ -169,16 +169,10 @@ def tokenizer_files(directory: str, source_tok, target_tok,
 
 def marian_model(params, config: ModelConfig):
   """The `transformers.MarianMTModel` (float32, eval mode) of `params`."""
-  import torch
   from transformers import MarianConfig, MarianMTModel
-  model = MarianMTModel(MarianConfig(**marian_config(config))).eval()
-  weights = {k: torch.from_numpy(np.ascontiguousarray(v))
-             for k, v in state_dict(params, config).items()}
-  missing, unexpected = model.load_state_dict(weights, strict=False)
-  missing = [k for k in missing if 'embed_positions' not in k]
-  if missing or unexpected:  # A mapping error of this module, not the user's.
-    raise RuntimeError(f'the Marian weights do not fit: missing {missing}, '
-                       f'unexpected {unexpected}.')
+  model = bart_weights.load_into_torch(
+      MarianMTModel(MarianConfig(**marian_config(config))).eval(),
+      state_dict(params, config), 'Marian')
   # generate()'s defaults: greedy search of up to max_len tokens, as
   # jaxformer's longest (max_length counts the start token too).
   model.generation_config.update(max_length=config.max_len + 1, num_beams=1,

@@ -17,7 +17,6 @@ Every shape is checked before anything is written; the export is written
 to a temporary folder beside `out` and renamed when complete.
 """
 import os
-import re
 import sys
 from typing import Callable
 
@@ -25,7 +24,7 @@ import numpy as np
 
 from jaxformer.data import sources
 from jaxformer.data import vocab_tokenizer
-from jaxformer.interop import folders, safetensor_files
+from jaxformer.interop import bart_weights, folders
 from jaxformer.model.config import ModelConfig
 
 ACTIVATIONS = {'swish': 'swish', 'silu': 'swish', 'relu': 'relu',
@@ -114,82 +113,24 @@ def model_config(hf: dict) -> ModelConfig:
 
 # ------------------------------------------------------------ the table ---
 
-def _heads(config):  # [n * h, d] -> [n, h, d]
-  return lambda w: w.reshape(config.num_heads, config.head_features, -1)
-
-
-def _head_bias(config):  # [n * h] -> [n, h]
-  return lambda b: b.reshape(config.num_heads, config.head_features)
-
-
-def _out(config):  # [d, n * h] -> [d, n, h]
-  return lambda w: w.reshape(-1, config.num_heads, config.head_features)
-
-
-def _same(x):
-  return x
-
-
-def _attention(config, theirs: str, ours: tuple) -> list:
-  d = config.d_model
-  rows = []
-  for name, our_name in (('q_proj', 'query'), ('k_proj', 'key'),
-                         ('v_proj', 'value')):
-    rows.append(((f'{theirs}.{name}.weight',), (*ours, our_name, 'kernel'),
-                 _heads(config), (d, d)))
-    # jaxformer has no key bias: q.b_k is the same for every key of a query,
-    # which the softmax cancels; it is read (shape-checked) and dropped.
-    rows.append(((f'{theirs}.{name}.bias',),
-                 None if name == 'k_proj' else (*ours, our_name, 'bias'),
-                 _head_bias(config), (d,)))
-  rows.append(((f'{theirs}.out_proj.weight',), (*ours, 'out', 'kernel'),
-               _out(config), (d, d)))
-  rows.append(((f'{theirs}.out_proj.bias',), (*ours, 'out', 'bias'), _same,
-               (d,)))
-  return rows
-
-
-def _linear_and_norm(theirs: str, ours: tuple, shape_out: int,
-                     shape_in: int | None) -> list:
-  if shape_in is None:  # A LayerNorm.
-    return [((f'{theirs}.weight',), (*ours, 'scale'), _same, (shape_out,)),
-            ((f'{theirs}.bias',), (*ours, 'bias'), _same, (shape_out,))]
-  return [((f'{theirs}.weight',), (*ours, 'kernel'), _same,
-           (shape_out, shape_in)),
-          ((f'{theirs}.bias',), (*ours, 'bias'), _same, (shape_out,))]
-
-
-def weight_table(config: ModelConfig) -> list[tuple]:
+def weight_table(config: ModelConfig) -> list[bart_weights.Row]:
   """(their names, the first present is read; our path or None (read,
   checked, dropped); transform; their shape) for every tensor."""
-  d, f = config.d_model, config.d_ff
+  d = config.d_model
   vocab, target = config.vocab_size, config.output_vocab_size
+  Row, same = bart_weights.Row, bart_weights.same
   if config.share_embeddings == 'all':
-    rows = [(('model.shared.weight', 'model.encoder.embed_tokens.weight',
-              'model.decoder.embed_tokens.weight', 'lm_head.weight'),
-             ('source_embed', 'embedding'), _same, (vocab, d))]
+    rows = [Row(('model.shared.weight', 'model.encoder.embed_tokens.weight',
+                 'model.decoder.embed_tokens.weight', 'lm_head.weight'),
+                ('source_embed', 'embedding'), same, (vocab, d))]
   else:
-    rows = [(('model.encoder.embed_tokens.weight', 'model.shared.weight'),
-             ('source_embed', 'embedding'), _same, (vocab, d)),
-            (('model.decoder.embed_tokens.weight', 'lm_head.weight'),
-             ('target_embed', 'embedding'), _same, (target, d))]
-  rows.append((('final_logits_bias',), ('decoder', 'output_bias'),
-               lambda b: b.reshape(-1), (1, target)))
-  for side, count, attentions in (
-      ('encoder', config.num_encoder_layers, (('self_attn', 'self_attention'),)),
-      ('decoder', config.num_decoder_layers,
-       (('self_attn', 'self_attention'), ('encoder_attn', 'cross_attention')))):
-    for i in range(count):
-      theirs, ours = f'model.{side}.layers.{i}', (side, f'layer_{i}')
-      for their_name, our_name in attentions:
-        rows += _attention(config, f'{theirs}.{their_name}', (*ours, our_name))
-        rows += _linear_and_norm(f'{theirs}.{their_name}_layer_norm',
-                                 (*ours, f'{our_name}_norm'), d, None)
-      rows += _linear_and_norm(f'{theirs}.fc1', (*ours, 'ffn', 'wi'), f, d)
-      rows += _linear_and_norm(f'{theirs}.fc2', (*ours, 'ffn', 'wo'), d, f)
-      rows += _linear_and_norm(f'{theirs}.final_layer_norm',
-                               (*ours, 'ffn_norm'), d, None)
-  return rows
+    rows = [Row(('model.encoder.embed_tokens.weight', 'model.shared.weight'),
+                ('source_embed', 'embedding'), same, (vocab, d)),
+            Row(('model.decoder.embed_tokens.weight', 'lm_head.weight'),
+                ('target_embed', 'embedding'), same, (target, d))]
+  rows.append(Row(('final_logits_bias',), ('decoder', 'output_bias'),
+                  lambda b: b.reshape(-1), (1, target)))
+  return rows + bart_weights.layer_rows(config)
 
 
 POSITION_TABLES = ('model.encoder.embed_positions.weight',
@@ -205,31 +146,9 @@ def params_from_weights(weights: dict, config: ModelConfig,
   tables must be Marian's); raises MarianImportError naming the tensor.
   """
   from jaxformer.model.layers import sinusoidal_positions
-  params, used = {}, set(POSITION_TABLES)
-  for names, path, transform, shape in weight_table(config):
-    present = [n for n in names if n in weights]
-    if not present:
-      raise MarianImportError(f'the weights have no {names[0]!r}; is this a '
-                         'Marian checkpoint of config.json?')
-    value = weights[present[0]]
-    for name in present:
-      if tuple(weights[name].shape) != shape:
-        raise MarianImportError(f'{name} has shape {tuple(weights[name].shape)}, '
-                           f'config.json says {shape}')
-      if not np.array_equal(weights[name], value):
-        raise MarianImportError(f'{name} differs from {present[0]}, which '
-                           'config.json ties it to')
-    used.update(present)
-    if path is not None:
-      node = params
-      for key in path[:-1]:
-        node = node.setdefault(key, {})
-      node[path[-1]] = np.asarray(transform(value), np.float32)
-  left = sorted(set(weights) - used)
-  if left:
-    raise MarianImportError(f'unexpected tensors {left[:3]}'
-                       f'{"..." if len(left) > 3 else ""}: not a Marian '
-                       'model jaxformer can express')
+  params = bart_weights.read_table(weights, weight_table(config),
+                                   MarianImportError, 'Marian',
+                                   POSITION_TABLES)
   for name in POSITION_TABLES:
     if name in weights:
       table = weights[name]
@@ -258,49 +177,15 @@ def _zero_pad_rows(params: dict, config: ModelConfig, warn) -> None:
       table[config.pad_id] = 0.0
 
 
-# The first torch whose torch.load(weights_only=True) has no known way to
-# run code (CVE-2025-32434 below 2.6, CVE-2026-24747 below 2.10); also
-# pyproject.toml's floor.
-TORCH_FLOOR = (2, 10)
-
-
 def check_torch_version(version: str, path: str) -> None:
   """Raises unless torch `version` ('2.13.0+cpu') may unpickle `path`."""
-  match = re.match(r'(\d+)\.(\d+)', version)
-  floor = '.'.join(map(str, TORCH_FLOOR))
-  if not match or tuple(map(int, match.groups())) < TORCH_FLOOR:
-    raise MarianImportError(
-        f'{path}: torch {version} is installed, and below torch {floor} '
-        'torch.load(weights_only=True) can be made to run code '
-        f'(CVE-2025-32434, CVE-2026-24747); pip install "torch>={floor}", or '
-        'use the folder\'s model.safetensors (read without torch)')
+  bart_weights.check_torch_version(version, path, MarianImportError)
 
 
 def read_weights(folder: str) -> dict:
   """{name: float32 array} of model.safetensors or its shards (numpy
   only), else of pytorch_model.bin (torch at least TORCH_FLOOR)."""
-  try:
-    weights = safetensor_files.read_safetensors(folder)
-  except safetensor_files.WeightsError as e:
-    raise MarianImportError(str(e)) from None
-  if weights is None:
-    path = os.path.join(folder, 'pytorch_model.bin')
-    if not os.path.isfile(path):
-      raise MarianImportError(f'{folder} has no model.safetensors or '
-                         'pytorch_model.bin')
-    try:
-      import torch
-    except ImportError:
-      raise MarianImportError(f'{path} needs torch (pip install torch), or '
-                         'convert it to model.safetensors') from None
-    check_torch_version(torch.__version__, path)
-    try:
-      state = torch.load(path, map_location='cpu', weights_only=True)
-    except Exception as e:  # noqa: BLE001 - torch raises many kinds.
-      raise MarianImportError(f'{path} cannot be read (truncated or damaged? '
-                         f'{e}); download it again') from None
-    weights = {k: v.detach().float().numpy() for k, v in state.items()}
-  return {k: np.asarray(v, np.float32) for k, v in weights.items()}
+  return bart_weights.read_weights(folder, MarianImportError)
 
 
 # --------------------------------------------------------------- import ---

@@ -275,26 +275,31 @@ def search_in_parts(search: Callable[[jax.Array], Any], inputs: jax.Array,
   execution per block; the last block is filled up with all-padding rows.
 
   Args:
-    search: [rows, s] int -> a pytree of [rows, ...] arrays and scalars; an
-      all-padding row must not change the other rows' results.
-    inputs: [batch, s] int.
+    search: [rows, s] int (or a pytree of [rows, ...] arrays, as `inputs`)
+      -> a pytree of [rows, ...] arrays and scalars; an all-padding row must
+      not change the other rows' results.
+    inputs: [batch, s] int, or a pytree of [batch, ...] arrays whose first
+      leaf is that.
     parts: >= 1; None for `default_batch_parts(inputs)`.
 
   Returns:
     the pytree for the whole batch: arrays joined along rows, scalars (a step
     count) the largest of the blocks'.
   """
+  first = jax.tree.leaves(inputs)[0]
   if parts is None:
-    parts = default_batch_parts(inputs)
+    parts = default_batch_parts(first)
   if parts < 1:
     raise ValueError(f'batch_parts must be at least 1 (1 decodes the batch in '
                      f'one piece), got {parts}.')
   if parts == 1:
     return search(inputs)
-  batch = inputs.shape[0]
+  batch = first.shape[0]
   rows = -(-batch // parts)
-  inputs = jnp.pad(inputs, ((0, rows * parts - batch), (0, 0)))
-  blocks = [inputs[i * rows:(i + 1) * rows] for i in range(parts)]
+  inputs = jax.tree.map(lambda x: jnp.pad(
+      x, ((0, rows * parts - batch),) + ((0, 0),) * (x.ndim - 1)), inputs)
+  blocks = [jax.tree.map(lambda x, i=i: x[i * rows:(i + 1) * rows], inputs)
+            for i in range(parts)]
   # Each thread waits for its own execution: that is what makes them run
   # side by side rather than one after another.
   results = [future.result() for future in [

@@ -23,6 +23,7 @@ from jaxformer.checkpoints import exports
 from jaxformer.checkpoints import manager as checkpoint_lib
 from jaxformer.checkpoints import trained as trained_lib
 from jaxformer.config import resume
+from jaxformer.data import language_tokenizer
 from jaxformer.data import mixture
 from jaxformer.data import task_batches
 from jaxformer.data import token_cache as token_cache_lib
@@ -105,8 +106,9 @@ class Trainer:
         peers.from_process_0,
         timeout_seconds=config.data.tokenizer.get('wait_seconds', 3600))
              if jax.process_count() > 1 else None)
-    tokenizers = tokenizer_lib.get_or_train(config.data, self.workdir,
-                                            agree=agree)
+    tokenizers = language_tokenizer.bind_pair(
+        *tokenizer_lib.get_or_train(config.data, self.workdir, agree=agree),
+        config.data)
     self.source_tok, self.target_tok = tokenizers
     self.spec = run_spec.RunSpec.build(
         config, run_spec.run_mesh(config, self.devices), tokenizers)

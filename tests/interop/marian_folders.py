@@ -23,11 +23,11 @@ def sentences(words, count: int, seed: int) -> list[str]:
           for _ in range(count)]
 
 
-def train_spm(texts, vocab_size: int) -> bytes:
+def train_spm(texts, vocab_size: int, model_type: str = 'unigram') -> bytes:
   model = io.BytesIO()
   spm.SentencePieceTrainer.train(
       sentence_iterator=iter(texts), model_writer=model,
-      vocab_size=vocab_size, model_type='unigram', character_coverage=1.0,
+      vocab_size=vocab_size, model_type=model_type, character_coverage=1.0,
       unk_id=0, bos_id=1, eos_id=2, pad_id=-1, minloglevel=2,
       hard_vocab_limit=False)
   return model.getvalue()
@@ -143,3 +143,31 @@ def test_texts(count: int, seed: int) -> list[str]:
   return texts + odd
 
 
+
+
+def up_to_eos(row, eos: int) -> list[int]:
+  """The ids of `row` up to its first `eos` (kept), or all of them."""
+  row = [int(t) for t in row]
+  return row[:row.index(eos) + 1] if eos in row else row
+
+
+def logit_difference(ours, hf_model, sources, targets) -> float:
+  """The largest difference between the logits of `ours` (a
+  `trained.Trained`) and of the Hugging Face model `hf_model` at the real
+  target positions of source and target rows (padded with the pad id)."""
+  import numpy as np
+  import torch
+  from jaxformer.model import EncoderDecoder
+  pad = ours.model_config.pad_id
+  mine = np.asarray(EncoderDecoder(ours.model_config).apply(
+      {'params': ours.params}, sources, targets))
+  with torch.no_grad():
+    theirs = hf_model(
+        input_ids=torch.tensor(sources, dtype=torch.long),
+        attention_mask=torch.tensor(sources != pad),
+        labels=torch.tensor(np.where(targets == pad, -100, targets),
+                            dtype=torch.long)).logits.numpy()
+  difference = float(np.abs(mine - theirs)[targets != pad].max())
+  print(f'max abs logit difference: {difference:.3g} '
+        f'(|logits| up to {np.abs(theirs).max():.3g})')
+  return difference

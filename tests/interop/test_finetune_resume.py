@@ -1,7 +1,8 @@
-"""Fine-tuning an imported Marian model (configs/finetune.py,
---config.init.pretrained) is a run like any other: killed with SIGKILL and
+"""Fine-tuning an imported Marian or M2M100 model (configs/finetune.py,
+--config.init.pretrained; M2M100's language pair from data.source_lang and
+data.target_lang) is a run like any other: killed with SIGKILL and
 resumed, it repeats the uninterrupted run bitwise (metrics and
-parameters), and the pad rows stay zero."""
+parameters), and Marian's pad rows stay zero."""
 import json
 import os
 import pathlib
@@ -16,6 +17,7 @@ import pytest
 pytest.importorskip('torch')
 pytest.importorskip('transformers')
 
+import m2m100_folders  # noqa: E402
 import marian_folders  # noqa: E402
 
 from jaxformer.cli import main as cli
@@ -30,15 +32,25 @@ NUM_STEPS = 8
 TIMING_KEYS = ('tokens_per_second', 'step_time', 'mfu', *goodput.FIELDS)
 
 
-@pytest.fixture(scope='module')
-def setup(tmp_path_factory):
-  """An imported Marian model, TSV splits and the subprocesses' environment
+# The imported model and the overrides it trains with.
+MODELS = {
+    'marian': (lambda folder: marian_folders.write_folder(
+        folder, separate=False, activation='swish', scale_embedding=True,
+        encoder_layers=1, decoder_layers=1, seed=3), []),
+    'm2m100': (lambda folder: m2m100_folders.write_folder(
+        folder, tokenizer='m2m100', encoder_layers=1, decoder_layers=1,
+        seed=3), ['data.source_lang=en', 'data.target_lang=de']),
+}
+
+
+@pytest.fixture(scope='module', params=sorted(MODELS))
+def setup(request, tmp_path_factory):
+  """An imported model, TSV splits and the subprocesses' environment
   (2 devices, one compilation cache)."""
   root = tmp_path_factory.mktemp('finetune')
-  folder, export = str(root / 'marian'), str(root / 'imported')
-  marian_folders.write_folder(folder, separate=False, activation='swish',
-                              scale_embedding=True, encoder_layers=1,
-                              decoder_layers=1, seed=3)
+  folder, export = str(root / request.param), str(root / 'imported')
+  write_folder, model_overrides = MODELS[request.param]
+  write_folder(folder)
   assert cli.main(['import', '--from', folder, '--out', export]) == 0
   sources = marian_folders.sentences(marian_folders.WORDS, 60, 1)
   targets = marian_folders.sentences(marian_folders.FOREIGN, 60, 2)
@@ -53,7 +65,8 @@ def setup(tmp_path_factory):
       'train.log_every=1', 'train.peak_flops=1e9', 'checkpoint.every=2',
       'eval.every=0', 'eval.final_split=', 'eval.bleu_examples=0',
       'eval.num_batches=1', 'data.batching=pack', 'data.batch_size=8',
-      'data.max_source_length=32', 'data.max_target_length=32']
+      'data.max_source_length=32', 'data.max_target_length=32',
+      *model_overrides]
   environment = dict(os.environ,
                      XLA_FLAGS='--xla_force_host_platform_device_count=2',
                      JAX_COMPILATION_CACHE_DIR=str(root / 'cache'),
@@ -129,8 +142,13 @@ def test_a_killed_finetuning_run_resumes_bitwise(tmp_path, setup):
   for a, b in zip(*(map(np.asarray, _leaves(m.params))
                     for m in (ours, theirs))):
     np.testing.assert_array_equal(a, b)
+  if hasattr(ours.source_tok, 'languages'):  # A many-to-many model's pair.
+    assert (ours.source_tok.language, ours.target_tok.language) == (
+        'en', 'de')
   pad = ours.model_config.pad_id
-  assert not np.asarray(ours.params['source_embed']['embedding'])[pad].any()
+  if ours.model_config.zero_pad_embedding:
+    assert not np.asarray(
+        ours.params['source_embed']['embedding'])[pad].any()
   start = trained.load(setup[0])
   assert not np.array_equal(
       np.asarray(start.params['source_embed']['embedding']),

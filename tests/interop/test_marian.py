@@ -17,12 +17,12 @@ pytest.importorskip('transformers')
 pytest.importorskip('safetensors')
 
 import marian_folders  # noqa: E402
+from marian_folders import up_to_eos  # noqa: E402
 
 from jaxformer.cli import main as cli
 from jaxformer.inference import beam_search, search
 from jaxformer.interop import marian
 from jaxformer.checkpoints import trained
-from jaxformer.model import EncoderDecoder  # noqa: E402
 
 SHAPES = {
     'shared-swish-scaled-2+1': dict(
@@ -81,11 +81,6 @@ def sentences(count=16, seed=5):
   return marian_folders.test_texts(count, seed)
 
 
-def up_to_eos(row, eos):
-  row = [int(t) for t in row]
-  return row[:row.index(eos) + 1] if eos in row else row
-
-
 def test_the_import_has_marians_options(imported):
   config = imported.ours.model_config
   hf = imported.hf.config
@@ -107,20 +102,8 @@ def test_the_import_has_marians_options(imported):
 def test_logits_equal_pytorchs(imported):
   sources = imported.rows(sentences())
   targets = imported.rows(sentences(seed=9)[::-1], target=True)
-  pad = imported.ours.model_config.pad_id
-  ours = np.asarray(EncoderDecoder(imported.ours.model_config).apply(
-      {'params': imported.ours.params}, sources, targets))
-  with torch.no_grad():
-    theirs = imported.hf(
-        input_ids=torch.tensor(sources, dtype=torch.long),
-        attention_mask=torch.tensor(sources != pad),
-        labels=torch.tensor(np.where(targets == pad, -100, targets),
-                            dtype=torch.long)).logits.numpy()
-  real = targets != pad
-  difference = np.abs(ours - theirs)[real].max()
-  print(f'max abs logit difference: {difference:.3g} '
-        f'(|logits| up to {np.abs(theirs).max():.3g})')
-  assert difference < 1e-5
+  assert marian_folders.logit_difference(imported.ours, imported.hf, sources,
+                                         targets) < 1e-5
 
 
 def test_greedy_and_beam_outputs_equal_generate(imported):
