@@ -148,6 +148,7 @@ def summary(name: str, workdir: str) -> dict:
   curve = [(r['step'], round(r['eval_bleu'], 2)) for r in records
            if 'eval_bleu' in r]
   averaged = [r for r in records if 'eval_average_bleu' in r]
+  dev_loss = [r['eval_loss'] for r in records if 'eval_loss' in r]
   scores_path = os.path.join(workdir, 'test_scores.json')
   scores = json.load(open(scores_path)) if os.path.exists(scores_path) else {}
   wall_path = os.path.join(workdir, 'wall.json')
@@ -155,6 +156,7 @@ def summary(name: str, workdir: str) -> dict:
   return {'variant': name, 'steps': train[-1]['step'] if train else 0,
           'seconds_per_step': round(sorted(times)[len(times) // 2], 3),
           'final_loss': round(train[-1]['loss'], 3) if train else None,
+          'dev_loss': round(dev_loss[-1], 3) if dev_loss else None,
           'dev_bleu_curve': curve,
           'dev_bleu_averaged': (round(averaged[-1]['eval_average_bleu'], 2)
                                 if averaged else None),
