@@ -1,7 +1,8 @@
 """Runs variants of `configs/tsv_example.py:cpu` on a TSV corpus (e.g. the
 one benchmarks/gettext_corpus.py writes) and tabulates them: the steps, the
-seconds per step, the dev curve and the final test scores. Results:
-benchmarks/cpu_recipe.md.
+seconds per step, the dev curve, the final test scores, and each command's
+wall minutes with the machine's load average while it ran
+(WORKDIR/wall.json). Results: benchmarks/cpu_recipe.md.
 
   python3 benchmarks/gettext_corpus.py --lang fr --out data/gettext-fr
   python3 benchmarks/cpu_recipe.py --data data/gettext-fr --out runs/recipe \
@@ -23,6 +24,8 @@ import json
 import os
 import subprocess
 import sys
+import threading
+import time
 
 from jaxformer.run.metrics import read_metrics
 
@@ -53,8 +56,32 @@ def run_variant(name: str, overrides: list[str], args) -> str:
   os.makedirs(workdir, exist_ok=True)
   print(' '.join(command), flush=True)
   with open(os.path.join(workdir, 'log.txt'), 'a') as log:
-    subprocess.run(command, stdout=log, stderr=subprocess.STDOUT, check=True)
+    wall = timed(lambda: subprocess.run(
+        command, stdout=log, stderr=subprocess.STDOUT, check=True))
+  with open(os.path.join(workdir, 'wall.json'), 'w') as f:
+    json.dump(wall, f)
   return workdir
+
+
+def timed(run, every: float = 10.0) -> dict:
+  """Calls `run`; returns its wall minutes and the machine's 1-minute load
+  average, sampled every `every` seconds while it ran (mean and maximum):
+  on a shared machine the load says what the minutes were worth."""
+  samples, done = [os.getloadavg()[0]], threading.Event()
+
+  def sample():
+    while not done.wait(every):
+      samples.append(os.getloadavg()[0])
+
+  threading.Thread(target=sample, daemon=True).start()
+  start = time.monotonic()
+  try:
+    run()
+  finally:
+    done.set()
+  return {'minutes': round((time.monotonic() - start) / 60, 2),
+          'load_mean': round(sum(samples) / len(samples), 1),
+          'load_max': round(max(samples), 1)}
 
 
 def kept_steps(workdir: str) -> list[int]:
@@ -121,16 +148,20 @@ def summary(name: str, workdir: str) -> dict:
   curve = [(r['step'], round(r['eval_bleu'], 2)) for r in records
            if 'eval_bleu' in r]
   averaged = [r for r in records if 'eval_average_bleu' in r]
+  dev_loss = [r['eval_loss'] for r in records if 'eval_loss' in r]
   scores_path = os.path.join(workdir, 'test_scores.json')
   scores = json.load(open(scores_path)) if os.path.exists(scores_path) else {}
+  wall_path = os.path.join(workdir, 'wall.json')
+  wall = json.load(open(wall_path)) if os.path.exists(wall_path) else {}
   return {'variant': name, 'steps': train[-1]['step'] if train else 0,
           'seconds_per_step': round(sorted(times)[len(times) // 2], 3),
           'final_loss': round(train[-1]['loss'], 3) if train else None,
+          'dev_loss': round(dev_loss[-1], 3) if dev_loss else None,
           'dev_bleu_curve': curve,
           'dev_bleu_averaged': (round(averaged[-1]['eval_average_bleu'], 2)
                                 if averaged else None),
           'test_bleu': round(scores.get('bleu', float('nan')), 2),
-          'test_chrf': round(scores.get('chrf', float('nan')), 2)}
+          'test_chrf': round(scores.get('chrf', float('nan')), 2), **wall}
 
 
 def main(argv=None) -> int:

@@ -50,9 +50,11 @@ def _cpu(config):
   # Small and fast beats big and slow in 15 minutes: d_model 192 with a
   # 4k shared vocabulary takes twice the steps of d_model 256 with 8k, and
   # scored 4 BLEU more; pre-LN trains stably at a high learning rate.
-  config.model.update(d_model=192, num_heads=4, d_ff=768,
-                      norm_position='pre', embedding_dropout=0.0,
-                      residual_dropout=0.0)
+  # SwiGLU at 2/3 of the ReLU width (the same parameters and matmul FLOPs)
+  # scored 2 BLEU more at equal steps; RMSNorm and RoPE did not help.
+  config.model.update(d_model=192, num_heads=4, d_ff=512,
+                      activation='swiglu', norm_position='pre',
+                      embedding_dropout=0.0, residual_dropout=0.0)
   config.data.tokenizer.update(vocab_size=4000)
   # One program for every batch (no compile per bucket width), rows filled
   # with several short sentences instead of padding; small batches, many

@@ -58,6 +58,28 @@ def test_an_invalid_model_setting_names_the_key():
                            ['--config.model.num_heads=3'])
 
 
+def test_the_cpu_recipe_s_swiglu_has_the_parameters_of_its_relu_ffn():
+  # benchmarks/cpu_recipe.md compared them at equal parameters.
+  import jax
+  import jax.numpy as jnp
+  from flax import linen as nn
+  from jaxformer.model import EncoderDecoder, from_config_dict
+  gated = from_config_dict(
+      config_lib.load_config('configs/tsv_example.py:cpu').model)
+  assert (gated.activation, gated.norm_type, gated.position_embedding) == (
+      'swiglu', 'layer', 'sinusoidal')
+  relu = gated.replace(activation='relu', d_ff=gated.d_ff * 3 // 2)
+
+  def count(model_config):
+    tokens = jnp.ones((1, 4), jnp.int32)
+    variables = jax.eval_shape(lambda: EncoderDecoder(model_config).init(
+        jax.random.PRNGKey(0), tokens, tokens))
+    return sum(x.size for x in jax.tree.leaves(nn.unbox(variables['params'])))
+
+  assert relu.d_ff == 768
+  assert abs(count(gated) - count(relu)) < 0.001 * count(relu)
+
+
 def test_a_missing_config_file_says_where_configs_live():
   with pytest.raises(config_lib.ConfigError, match='configs/'):
     config_lib.load_config('configs/nope.py')
