@@ -30,7 +30,7 @@ over every chip (mesh.fsdp=-1, FSDP); the batch is split over the same
 chips. A batch holds documents packed into rows (one document a line,
 each the start token + text + EOS, every token a target:
 data.lm_rows=packed). tiny reads the built-in sentences; the others read
-data.text.train / dev (local or gs://; placeholders data/train.txt and
+data.text.train / dev (local or gs://; by default data/train.txt and
 data/dev.txt until set).
 
 The tokenizer is the run's own, as in configs/lm_quick.py: a SentencePiece

@@ -106,10 +106,11 @@ class LanguageTokenizer:
         'layout': self.layout}).encode()
 
   @classmethod
-  def from_serialized(cls, data: bytes, name: str = 'model'
-                      ) -> LanguageTokenizer:
-    """The inverse of `serialized_model_proto()`."""
-    from jaxformer.data import tokenizer
+  def from_serialized(cls, data: bytes, name: str = 'model', *,
+                      inner_from_serialized) -> LanguageTokenizer:
+    """The inverse of `serialized_model_proto()`; `inner_from_serialized`
+    (`tokenizer.from_serialized`, which dispatches here) reads the inner
+    tokenizer's bytes."""
     fields = {}
     if is_serialized(data):
       try:
@@ -122,7 +123,7 @@ class LanguageTokenizer:
       raise sources.DataError(f'{name}: not a jaxformer language tokenizer '
                               f'(format {FORMAT})')
     del fields['format']
-    inner = tokenizer.from_serialized(fields.pop('inner'), name)
+    inner = inner_from_serialized(fields.pop('inner'), name)
     return cls(inner, name=name, **fields)
 
   # -------------------------------------------------------------- the ids ---

@@ -161,7 +161,8 @@ def from_serialized(data: bytes, name: str = 'model'):
   imported M2M100 or NLLB model's) from its `serialized_model_proto()`."""
   from jaxformer.data import hf_tokenizer, language_tokenizer
   if language_tokenizer.is_serialized(data):
-    return language_tokenizer.LanguageTokenizer.from_serialized(data, name)
+    return language_tokenizer.LanguageTokenizer.from_serialized(
+        data, name, inner_from_serialized=from_serialized)
   if hf_tokenizer.is_serialized(data):
     return hf_tokenizer.HFTokenizer.from_serialized(data, name)
   if data[:1] == b'{':  # JSON; a SentencePiece proto starts with field 1.
