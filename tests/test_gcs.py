@@ -492,6 +492,43 @@ def wait_for_step(run, step: int) -> None:
   run.wait_until(lambda: f'step {step}/' in run.output(), f'step {step}')
 
 
+BROKEN_READ_CHILD = """
+import os
+import sys
+from jaxformer.storage import paths
+paths.write_bytes('gs://test-bucket/big', os.urandom(8 << 20))
+reader = paths.open_bytes('gs://test-bucket/big')
+reader.read(1 << 20)  # fsspec's background prefetcher now reads ahead.
+print('read', flush=True)
+sys.stdin.readline()  # The emulator is killed.
+try:
+  while reader.read(1 << 20):
+    pass
+except Exception as error:
+  assert paths.is_storage_error(error), repr(error)
+  sys.exit(3)
+"""
+
+
+@pytest.mark.slow
+def test_a_read_broken_mid_file_logs_nothing(tmp_path):
+  """The storage clients' own fault lines (gcsfs's retries, fsspec's
+  prefetcher's traceback) stay off stderr; the error reaches the caller."""
+  with private_emulator() as (server, port):
+    env = {**os.environ, **emulator.environment(port)}
+    env.pop('JAXFORMER_DEBUG', None)
+    child = subprocess.Popen([sys.executable, '-c', BROKEN_READ_CHILD],
+                             stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                             stderr=subprocess.PIPE, text=True, env=env,
+                             cwd=tmp_path)
+    assert child.stdout.readline() == 'read\n'
+    server.kill()
+    server.wait()
+    _, stderr = child.communicate('\n', timeout=TIMEOUT)
+  assert child.returncode == 3, stderr[-3000:]
+  assert stderr == ''
+
+
 @pytest.mark.slow
 def test_storage_gone_mid_run_ends_the_run(tmp_path, environment):
   with private_emulator() as (server, port):

@@ -29,7 +29,11 @@ from etils import epath
 
 os.environ.setdefault('EPATH_USE_TF', 'false')
 if not os.environ.get('JAXFORMER_DEBUG'):
-  logging.getLogger('gcsfs').setLevel(logging.CRITICAL)
+  # gcsfs logs its retries, and fsspec's background prefetcher a failed
+  # read with its traceback, before the error is raised; the command then
+  # reports it once, in one line (StorageError).
+  for _client in ('gcsfs', 'fsspec'):
+    logging.getLogger(_client).setLevel(logging.CRITICAL + 1)
 
 # Other processes write to the same bucket (the tokenizer, checkpoints,
 # Orbax's step markers): gcsfs must not answer from a listing it made before.
