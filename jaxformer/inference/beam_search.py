@@ -231,5 +231,5 @@ def beam_search(params, config: ModelConfig, inputs, *,
       lambda rows: _beam_search(
           params, *rows, config, beam_size, jnp.float32(alpha),
           max_decode_len, jnp.int32(eos_id), jnp.bool_(early_exit)),
-      (inputs, forced_ids), batch_parts)
+      (inputs, forced_ids), batch_parts, fill=(config.pad_id, -1))
   return (tokens, scores, steps) if return_steps else (tokens, scores)

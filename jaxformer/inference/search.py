@@ -248,4 +248,4 @@ def greedy_decode(params, config: ModelConfig, inputs, *,
   return cpu_kernels.search_in_parts(
       lambda rows: _greedy_decode(params, *rows, config, max_decode_len,
                                   jnp.int32(eos_id), return_attention),
-      (inputs, forced_ids), batch_parts)
+      (inputs, forced_ids), batch_parts, fill=(config.pad_id, -1))

@@ -270,7 +270,7 @@ def _part_threads() -> concurrent.futures.ThreadPoolExecutor:
 
 
 def search_in_parts(search: Callable[[jax.Array], Any], inputs: jax.Array,
-                    parts: int | None = None):
+                    parts: int | None = None, fill: Any = 0):
   """`search(inputs)` run on `parts` equal blocks of rows concurrently, one
   execution per block; the last block is filled up with all-padding rows.
 
@@ -281,6 +281,8 @@ def search_in_parts(search: Callable[[jax.Array], Any], inputs: jax.Array,
     inputs: [batch, s] int, or a pytree of [batch, ...] arrays whose first
       leaf is that.
     parts: >= 1; None for `default_batch_parts(inputs)`.
+    fill: what the filler rows hold: one number, or one per leaf of
+      `inputs` (the padding id for tokens).
 
   Returns:
     the pytree for the whole batch: arrays joined along rows, scalars (a step
@@ -296,8 +298,10 @@ def search_in_parts(search: Callable[[jax.Array], Any], inputs: jax.Array,
     return search(inputs)
   batch = first.shape[0]
   rows = -(-batch // parts)
-  inputs = jax.tree.map(lambda x: jnp.pad(
-      x, ((0, rows * parts - batch),) + ((0, 0),) * (x.ndim - 1)), inputs)
+  fill = jax.tree.map(lambda _: fill, inputs) if jnp.isscalar(fill) else fill
+  inputs = jax.tree.map(lambda x, value: jnp.pad(
+      x, ((0, rows * parts - batch),) + ((0, 0),) * (x.ndim - 1),
+      constant_values=value), inputs, fill)
   blocks = [jax.tree.map(lambda x, i=i: x[i * rows:(i + 1) * rows], inputs)
             for i in range(parts)]
   # Each thread waits for its own execution: that is what makes them run

@@ -131,6 +131,12 @@ def test_search_in_parts_joins_rows_and_keeps_the_largest_scalar():
       lambda block: (block * 2, jnp.max(block)), inputs, parts=2)
   np.testing.assert_array_equal(rows, inputs * 2)
   assert largest == 9
+  seen = []
+  cpu_kernels.search_in_parts(lambda block: seen.append(block) or block,
+                              (inputs, inputs[:, 0]), parts=2, fill=(7, -1))
+  tokens, forced = (np.concatenate(leaves) for leaves in zip(*seen))
+  assert (7, 7) in set(map(tuple, tokens.tolist()))  # The filler row.
+  assert -1 in forced.tolist()
   with pytest.raises(ValueError, match='batch_parts must be at least 1'):
     cpu_kernels.search_in_parts(lambda block: block, inputs, parts=0)
 
