@@ -44,7 +44,7 @@ def train(workdir, cache, steps: int) -> str:
 
 
 def loaded_and_compiled(output: str) -> tuple[int, int]:
-  match = re.search(r'compilation cache: (\d+) programs loaded .*, (\d+) '
+  match = re.search(r'compilation cache: (\d+) programs? loaded .*, (\d+) '
                     'compiled', output)
   assert match, output
   return int(match.group(1)), int(match.group(2))

@@ -129,6 +129,7 @@ def _count_seconds(event: str, seconds: float, **_) -> None:
 def summary() -> str:
   """'compilation cache: N programs loaded (S s of compiling saved), M
   compiled' since `enable`."""
-  return (f'compilation cache: {counts["hits"]} programs loaded '
+  hits = counts['hits']
+  return (f'compilation cache: {hits} program{"s" * (hits != 1)} loaded '
           f'({max(0.0, counts["saved_seconds"]):.0f} s of compiling saved), '
           f'{counts["misses"]} compiled')
