@@ -24,6 +24,7 @@ import numpy as np
 import sentencepiece as spm
 
 from jaxformer.storage import paths
+from jaxformer.data import labelled
 from jaxformer.data import mixture
 from jaxformer.data import sources
 from jaxformer.data.token_ids import (BOS_ID, EOS_ID, PAD_ID, UNK_ID,
@@ -193,10 +194,18 @@ def _given_model_paths(tok_config: ml_collections.ConfigDict) -> tuple[str, ...]
           tok_config.get('target_model_path', ''))
 
 
-def _counted_train_pairs(data_config: ml_collections.ConfigDict
-                        ) -> tuple[int, Iterable[sources.Pair]]:
+def _counted_train_pairs(data_config: ml_collections.ConfigDict,
+                         with_labels: bool = False
+                         ) -> tuple[int, Iterable[sources.Pair]]:
   """(how many, the pairs) of the train split; files are counted now and
-  read when the pairs are."""
+  read when the pairs are. `with_labels`: the split's examples are texts
+  or sentence pairs with a label (`labelled.read_split`); their texts are
+  the pairs ('' for a single text's second), the labels left out."""
+  if with_labels:
+    texts, _ = labelled.read_split(data_config, 'train')
+    pairs = [text if isinstance(text, tuple) else (text, '')
+             for text in texts]
+    return len(pairs), pairs
   if sources.split_files(data_config, 'train'):
     return (sources.count_pairs(data_config, 'train'),
             sources.iter_split(data_config, 'train'))
@@ -204,13 +213,14 @@ def _counted_train_pairs(data_config: ml_collections.ConfigDict
   return len(pairs), pairs
 
 
-def _sample(data_config: ml_collections.ConfigDict) -> Iterator[sources.Pair]:
+def _sample(data_config: ml_collections.ConfigDict, with_labels: bool = False
+            ) -> Iterator[sources.Pair]:
   """A seeded sample of data.tokenizer.sample_size train pairs (of all the
   sources of a mixture together), in split order.  Files are read in two
   streaming passes (count, then collect), so only the sample is ever in
   memory."""
   configs = mixture.train_configs(data_config, checked=True)
-  counted = [_counted_train_pairs(config) for config in configs]
+  counted = [_counted_train_pairs(config, with_labels) for config in configs]
   num_pairs = sum(count for count, _ in counted)
   pairs = itertools.chain.from_iterable(pairs for _, pairs in counted)
   sample_size = min(data_config.tokenizer.sample_size, num_pairs)
@@ -228,20 +238,23 @@ def _sample(data_config: ml_collections.ConfigDict) -> Iterator[sources.Pair]:
         'was it changed while the tokenizer was trained? Train again')
 
 
-def _training_texts(data_config: ml_collections.ConfigDict
-                    ) -> tuple[list[str], ...]:
-  """A seeded sample of train sentences per model: (joint,) or (source, target)."""
+def _training_texts(data_config: ml_collections.ConfigDict,
+                    with_labels: bool = False) -> tuple[list[str], ...]:
+  """A seeded sample of train sentences per model: (joint,) or (source,
+  target); with labels, every model learns the examples' texts alone."""
   source_texts, target_texts = [], []
-  for source, target in _sample(data_config):
+  for source, target in _sample(data_config, with_labels):
     source_texts.append(source)
     target_texts.append(target)
-  if data_config.tokenizer.joint:  # Language modelling pairs have '' targets.
-    return ([text for text in source_texts + target_texts if text],)
-  return source_texts, target_texts
+  # Language modelling pairs, and single labelled texts, have '' targets.
+  texts = [text for text in source_texts + target_texts if text]
+  if data_config.tokenizer.joint:
+    return (texts,)
+  return (texts, texts) if with_labels else (source_texts, target_texts)
 
 
 def _create_models(data_config: ml_collections.ConfigDict,
-                   destinations: Sequence[str]) -> None:
+                   destinations: Sequence[str], with_labels: bool) -> None:
   """Copies the configured models to `destinations`, or trains them there."""
   tok_config = data_config.tokenizer
   given_paths = _given_model_paths(tok_config)
@@ -255,7 +268,8 @@ def _create_models(data_config: ml_collections.ConfigDict,
       _check_vocab_size(tokenizer, given, tok_config.vocab_size)
       paths.write_bytes(destination, tokenizer.serialized_model_proto())
     return
-  for texts, path in zip(_training_texts(data_config), destinations):
+  for texts, path in zip(_training_texts(data_config, with_labels),
+                         destinations):
     train_tokenizer(texts, path[:-len('.model')], tok_config)
 
 
@@ -297,13 +311,15 @@ def model_paths(data_config: ml_collections.ConfigDict, workdir: str) -> tuple[s
 
 
 def get_or_train(data_config: ml_collections.ConfigDict, workdir: str, *,
-                 process_index: int | None = None,
-                 agree=None) -> tuple[Tokenizer, Tokenizer]:
+                 process_index: int | None = None, agree=None,
+                 with_labels: bool = False) -> tuple[Tokenizer, Tokenizer]:
   """(source, target) tokenizers of a run: reused, copied, or trained.
 
   Order of preference: models already in `workdir/tokenizer/` (a resumed
   run), then `data.tokenizer.model_path` (or source_/target_model_path when
-  not joint), then a model trained on a sample of the train split.  For a
+  not joint), then a model trained on a sample of the train split
+  (`with_labels`: of its labelled examples' texts, for classification and
+  regression).  For a
   joint model both returned tokenizers are the same object.  In multi-host
   runs `workdir` must be shared by all hosts (e.g. gs://): processes other
   than 0 wait for process 0's files there. With `agree(name, compute,
@@ -318,7 +334,7 @@ def get_or_train(data_config: ml_collections.ConfigDict, workdir: str, *,
   tok_config = data_config.tokenizer
   models = model_paths(data_config, workdir)
   if process_index == 0 and not all(map(paths.exists, models)):
-    _create_models(data_config, models)
+    _create_models(data_config, models, with_labels)
   expected = None
   if agree is not None:
     hashes = lambda: ','.join(_sha256_of(path) for path in models)

@@ -42,6 +42,7 @@ from jaxformer.run.signals import StopRequested
 from jaxformer.storage import paths
 from jaxformer.train import run_spec
 from jaxformer.train.state import TrainState
+from jaxformer.train.tasks import get_task
 
 
 @dataclasses.dataclass
@@ -107,7 +108,9 @@ class Trainer:
         timeout_seconds=config.data.tokenizer.get('wait_seconds', 3600))
              if jax.process_count() > 1 else None)
     tokenizers = language_tokenizer.bind_pair(
-        *tokenizer_lib.get_or_train(config.data, self.workdir, agree=agree),
+        *tokenizer_lib.get_or_train(
+            config.data, self.workdir, agree=agree,
+            with_labels=get_task(config.task).label is not None),
         config.data)
     self.source_tok, self.target_tok = tokenizers
     self.spec = run_spec.RunSpec.build(

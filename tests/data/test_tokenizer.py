@@ -102,6 +102,23 @@ def test_the_sample_is_seeded_and_streamed_never_whole(tmp_path, monkeypatch):
     list(tokenizer_lib._sample(config))
 
 
+@pytest.mark.parametrize('joint', [True, False])
+def test_labelled_examples_train_the_tokenizer_on_their_texts_only(
+    tmp_path, joint):
+  """Classification and regression files: 'text<TAB>label' or
+  'text_a<TAB>text_b<TAB>label' lines; a model learns every text, no label."""
+  config = small_config()
+  config.update(source='tsv', seed=3)
+  config.tokenizer.joint = joint
+  config.tsv.train = str(tmp_path / 'train.tsv')
+  for lines, texts in [
+      (['a b\tc d\tsame', 'e f\tg h\tdifferent'], ['a b', 'e f', 'c d', 'g h']),
+      (['a b\t0.5', 'e f\t1.5'], ['a b', 'e f'])]:
+    (tmp_path / 'train.tsv').write_text('\n'.join(lines) + '\n')
+    got = tokenizer_lib._training_texts(config, with_labels=True)
+    assert got == (texts,) * (1 if joint else 2)
+
+
 def test_separate_source_and_target_models(tmp_path):
   config = small_config()
   config.tokenizer.update(joint=False, vocab_size=100)
