@@ -5,7 +5,8 @@ sentence even or odd? An encoder-only Transformer, trained on CPU in minutes.
   echo "she bought forty-two red apples ." | jaxformer predict --workdir runs/classify
 
 Your own data: --config.data.source=tsv --config.data.tsv.train=train.tsv
-(lines 'text<TAB>label'; likewise dev and test).
+(lines 'text<TAB>label', or 'text_a<TAB>text_b<TAB>label' for sentence
+pairs; likewise dev and test).
 `configs/classify_quick.py:runlocal` shrinks it for tests.
 
 Sized for one CPU host. `jaxformer compile --config configs/classify_quick.py
