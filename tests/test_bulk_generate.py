@@ -120,7 +120,7 @@ def test_gs_input_and_output(lm_export, prompts, reference, capfd,
 
 
 # Enough work that a process signalled after its first chunk has more.
-BIG_LINES, BIG_CHUNKS = 3000, 94  # 32-line chunks
+BIG_LINES, BIG_CHUNKS = 1800, 57  # 32-line chunks
 
 
 @pytest.mark.slow
