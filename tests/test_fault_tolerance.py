@@ -103,7 +103,7 @@ def environment(tmp_path_factory):
   cache = tmp_path_factory.mktemp('compilation_cache')
   return dict(os.environ,
               XLA_FLAGS='--xla_force_host_platform_device_count=2',
-              JAX_COMPILATION_CACHE_DIR=str(cache),
+              JAXFORMER_COMPILATION_CACHE=str(cache),
               JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS='0',
               TF_CPP_MIN_LOG_LEVEL='2')
 

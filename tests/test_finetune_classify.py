@@ -364,7 +364,10 @@ def _train(workdir: pathlib.Path, flags) -> subprocess.Popen:
   workdir.mkdir(exist_ok=True)
   log = open(workdir / f'log_{time.time_ns()}.txt', 'w')
   environment = dict(os.environ, TF_CPP_MIN_LOG_LEVEL='2',
-                     XLA_FLAGS='--xla_force_host_platform_device_count=2')
+                     XLA_FLAGS='--xla_force_host_platform_device_count=2',
+                     # The runs of a test share their compiled programs.
+                     JAXFORMER_COMPILATION_CACHE=str(workdir.parent / 'xla'),
+                     JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS='0')
   return subprocess.Popen(
       [sys.executable, '-m', 'jaxformer', 'train', '--config',
        CONFIGS['classification'], '--workdir', str(workdir), *flags],

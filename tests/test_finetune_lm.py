@@ -87,7 +87,10 @@ def _train(workdir: pathlib.Path, overrides, kind) -> subprocess.Popen:
   log = open(workdir / f'log_{time.time_ns()}.txt', 'w')
   environment = dict(__import__('os').environ,
                      XLA_FLAGS='--xla_force_host_platform_device_count=2',
-                     TF_CPP_MIN_LOG_LEVEL='2')
+                     TF_CPP_MIN_LOG_LEVEL='2',
+                     # The runs of a test share their compiled programs.
+                     JAXFORMER_COMPILATION_CACHE=str(workdir.parent / 'xla'),
+                     JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS='0')
   return subprocess.Popen(
       [sys.executable, '-m', 'jaxformer', 'train', '--config',
        f'{CONFIG}:{kind}', '--workdir', str(workdir),

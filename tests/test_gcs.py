@@ -107,7 +107,7 @@ def environment(tmp_path_factory, gcs_emulator):
   cache = tmp_path_factory.mktemp('compilation_cache')
   return dict(plain_install.environment(os.environ), **gcs_emulator,
               XLA_FLAGS='--xla_force_host_platform_device_count=2',
-              JAX_COMPILATION_CACHE_DIR=str(cache),
+              JAXFORMER_COMPILATION_CACHE=str(cache),
               JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS='0',
               TF_CPP_MIN_LOG_LEVEL='2', PYTHONPATH=str(REPO))
 

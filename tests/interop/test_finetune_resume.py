@@ -69,7 +69,7 @@ def setup(request, tmp_path_factory):
       *model_overrides]
   environment = dict(os.environ,
                      XLA_FLAGS='--xla_force_host_platform_device_count=2',
-                     JAX_COMPILATION_CACHE_DIR=str(root / 'cache'),
+                     JAXFORMER_COMPILATION_CACHE=str(root / 'cache'),
                      JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS='0',
                      TF_CPP_MIN_LOG_LEVEL='2')
   return export, [f'--config.{o}' for o in overrides], environment
