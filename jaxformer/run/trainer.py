@@ -10,6 +10,7 @@ match, the host's share of the data), `initial_state`, then for each step
 `_step` (dispatch, and the bookkeeping of the step before) and, at a log
 boundary, `_log`, `_measure_budget`, `_evaluate_and_save` and `_ends`.
 """
+import contextlib
 import dataclasses
 import functools
 import time
@@ -107,11 +108,9 @@ class Trainer:
         peers.from_process_0,
         timeout_seconds=config.data.tokenizer.get('wait_seconds', 3600))
              if jax.process_count() > 1 else None)
-    tokenizers = language_tokenizer.bind_pair(
-        *tokenizer_lib.get_or_train(
-            config.data, self.workdir, agree=agree,
-            with_labels=get_task(config.task).label is not None),
-        config.data)
+    tokenizers = language_tokenizer.bind_pair(*tokenizer_lib.get_or_train(
+        config.data, self.workdir, agree=agree,
+        with_labels=get_task(config.task).label is not None), config.data)
     self.source_tok, self.target_tok = tokenizers
     self.spec = run_spec.RunSpec.build(
         config, run_spec.run_mesh(config, self.devices), tokenizers)
@@ -177,10 +176,8 @@ class Trainer:
     the caller, or else here) or an error; checkpointing is shut down on
     every way out (a pending save completes first)."""
     try:
-      if stop is None:
-        with StopRequested() as stop:
-          final = self._run(stop)
-      else:
+      scope = contextlib.nullcontext(stop) if stop else StopRequested()
+      with scope as stop:
         final = self._run(stop)
     except BaseException:
       # With several processes, closing waits on the others: not on error.
