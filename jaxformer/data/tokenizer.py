@@ -319,14 +319,13 @@ def get_or_train(data_config: ml_collections.ConfigDict, workdir: str, *,
   run), then `data.tokenizer.model_path` (or source_/target_model_path when
   not joint), then a model trained on a sample of the train split
   (`with_labels`: of its labelled examples' texts, for classification and
-  regression).  For a
-  joint model both returned tokenizers are the same object.  In multi-host
-  runs `workdir` must be shared by all hosts (e.g. gs://): processes other
-  than 0 wait for process 0's files there. With `agree(name, compute,
-  pattern=...)` (process 0's `compute()` on every process, refused unless it
-  matches the regular expression), they wait for process 0 to publish the
-  models' sha256, then read the files at once and check that they hold
-  those bytes.
+  regression).  For a joint model both returned tokenizers are the same
+  object.  In multi-host runs `workdir` must be shared by all hosts (e.g.
+  gs://): processes other than 0 wait for process 0's files there. With
+  `agree(name, compute, pattern=...)` (process 0's `compute()` on every
+  process, refused unless it matches the regular expression), they wait for
+  process 0 to publish the models' sha256, then read the files at once and
+  check that they hold those bytes.
   """
   if process_index is None:
     import jax
