@@ -1,9 +1,10 @@
 #!/usr/bin/env bash
-# The GPU check, in one run (under 8 minutes on an H200): the cuDNN
-# attention tests, benchmarks/train_throughput.py for `base` and `big` in
-# bfloat16 with einsum and with cuDNN attention (MFU against the H200's
-# 989 TFLOP/s dense bf16 peak) and benchmarks/decode_throughput.py; one
-# JSON of all figures.
+# The GPU check, in one run (limits that add up to 8 minutes on an H100 or
+# H200): the cuDNN attention tests, benchmarks/train_throughput.py for
+# `base`, `big` and `llama_125m` (GQA, RoPE, SwiGLU) in bfloat16 with einsum
+# and with cuDNN attention (MFU against the H100's and H200's 989 TFLOP/s
+# dense bf16 peak) and benchmarks/decode_throughput.py; one JSON of all
+# figures.
 #
 #   bash benchmarks/device_check.sh --prepare   # here, with the network:
 #       downloads the wheels the device lacks into benchmarks/wheels (git
@@ -65,7 +66,8 @@ if [ $mode = gpu ]; then
   export JAX_PLATFORMS=cuda,cpu  # tests/conftest.py defaults to cpu.
   attentions=(einsum cudnn)
   sizes=(--steps 10)
-  train_rows=(base:--rows=128 big:--rows=64)  # 8k tokens a side each
+  # 8k tokens a side each for translation; 16 rows of 2048 for the LM.
+  train_rows=(base:--rows=128 llama_125m:--rows=16 big:--rows=64)
   decode=(--models small --engines jaxformer --source_len 64 --batch 64)
   peak=989e12
   scale=1
@@ -75,7 +77,7 @@ else
   sizes=(--steps 2 --length 8)
   # base and big take minutes each to compile in bfloat16 on 2 CPU cores:
   # the rehearsal runs the same code on the small model.
-  train_rows=(small:--rows=2)
+  train_rows=(small:--rows=2 llama_125m:--rows=2)
   decode=(--models small --engines jaxformer --batch 2 --source_len 8 --output_len 8
           --rounds 1)
   peak=0
@@ -94,11 +96,11 @@ run() {  # name, seconds, command...: the command's output in $work/name.log
 
 # The cuDNN attention tests (skipped without a GPU), the choice of kernel
 # per platform and the fused (XLA) attention beside them.
-run tests 80 python3 -m pytest -q -p no:cacheprovider -rs \
+run tests 60 python3 -m pytest -q -p no:cacheprovider -rs \
   tests/model/test_kernels.py tests/model/test_attention.py \
   -k 'cudnn or auto or platform or fused'
 # Limits (seconds, x6 on CPU) that keep the whole under 8 minutes.
-declare -A limit=([base]=60 [big]=100 [small]=60)
+declare -A limit=([base]=50 [big]=80 [llama_125m]=60 [small]=60)
 for preset in "${train_rows[@]}"; do
   for attention in "${attentions[@]}"; do
     run "train_${preset%%:*}_$attention" "${limit[${preset%%:*}]}" python3 \
@@ -108,7 +110,7 @@ for preset in "${train_rows[@]}"; do
       --json "$work/train_${preset%%:*}_$attention.json"
   done
 done
-run decode 60 python3 benchmarks/decode_throughput.py "${decode[@]}" \
+run decode 50 python3 benchmarks/decode_throughput.py "${decode[@]}" \
   --json "$work/decode.json"
 
 python3 - "$work" "$out" "$mode" "$started" <<'EOF'

@@ -3,6 +3,12 @@ side by side with Flax's WMT example as an anchor.
 
   python benchmarks/train_throughput.py --config small [--steps 10] [--dtype float32]
   python benchmarks/train_throughput.py --config small --flax_wmt DIR [--rounds 3]
+  python benchmarks/train_throughput.py --config llama_125m --dtype bfloat16
+
+small, base and big are the paper's translation models; llama_125m is
+configs/lm_llama.py:125m (a decoder-only LM with RoPE, RMSNorm, SwiGLU and
+4 kv heads for 12 query heads; scanned layers, remat 'dots' unless --remat
+names another policy) on full rows of 2048 tokens.
 
 With --flax_wmt (DIR is `examples/wmt` of a clone of github.com/google/flax),
 Flax's own `models.Transformer` and `train.train_step`, unchanged and
@@ -43,6 +49,7 @@ an H100/H200's dense bf16). --json FILE also writes the figures.
 import argparse
 import dataclasses
 import json
+import os
 import resource
 import time
 
@@ -51,8 +58,10 @@ import jax.numpy as jnp
 import ml_collections
 import numpy as np
 
+from jaxformer.config.settings import load_config
 from jaxformer.parallel import mesh as mesh_lib
 from jaxformer.model import ModelConfig
+from jaxformer.model.config import from_config_dict
 from jaxformer.model.backend import ATTENTION_IMPLS
 from jaxformer.train.tasks import get_task
 from jaxformer.train import schedule as schedules
@@ -76,7 +85,12 @@ PRESETS = {
                            num_decoder_layers=6, embedding_dropout=0.3,
                            residual_dropout=0.3),
                 rows=64, source_length=128, target_length=128),
+    # model=None: the model of configs/lm_llama.py:125m.
+    'llama_125m': dict(task='language_model', model=None, rows=16,
+                       source_length=0, target_length=2048),
 }
+LM_LLAMA = os.path.join(os.path.dirname(os.path.abspath(__file__)), '..',
+                        'configs', 'lm_llama.py')
 
 TRAIN = ml_collections.ConfigDict(dict(
     schedule='rsqrt', learning_rate=1.0, warmup_steps=4000, num_steps=100,
@@ -99,10 +113,37 @@ FLAX_DROPOUT = dict(embedding_dropout=0.1, residual_dropout=0.1,
                     attention_dropout=0.1, ffn_dropout=0.1)
 
 
-def our_step(model_config, batches):
+def preset_model(name: str, args) -> ModelConfig:
+  """The preset's model with the command line's dtype, attention, remat
+  and scan (a config's own remat and scan where those are not given)."""
+  preset = PRESETS[name]
+  changes = dict(dtype=args.dtype, attention_impl=args.attention)
+  if preset['model'] is None:
+    config = load_config(f'{LM_LLAMA}:{name.split("_")[1]}')
+    model_config = from_config_dict(config.model)
+  else:
+    model_config = ModelConfig(**preset['model'])
+  if args.remat or preset['model'] is not None:
+    changes['remat_policy'] = args.remat or 'none'
+  if args.scan or preset['model'] is not None:
+    changes['scan_layers'] = args.scan
+  length = max(args.length or preset['source_length'],
+               args.length or preset['target_length'])
+  changes['max_len'] = max(512, length, model_config.max_len)
+  return model_config.replace(**changes)
+
+
+def lm_batches(rows: int, length: int, vocab: int) -> list[dict]:
+  """The two batches of full rows (no padding, one document a row)."""
+  rng = np.random.default_rng(0)
+  return [{'targets': rng.integers(3, vocab, (rows, length), dtype=np.int32)}
+          for _ in range(2)]
+
+
+def our_step(model_config, batches, task_name: str = 'translation'):
   """Our jitted train step on `batches` (a list of host batches, used in
   turn). Returns (step: () -> metrics, compile seconds, parameter count)."""
-  task = get_task('translation')
+  task = get_task(task_name)
   mesh = mesh_lib.make_mesh({'data': -1})
   rules = mesh_lib.DEFAULT_AXIS_RULES
   schedule = schedules.make_schedule(TRAIN, model_config.d_model)
@@ -164,8 +205,10 @@ def main():
   parser.add_argument('--attention', choices=ATTENTION_IMPLS, default='einsum',
                       help="model.attention_impl ('auto': cuDNN on GPUs, "
                       'splash on TPUs)')
-  parser.add_argument('--remat', default='none')
-  parser.add_argument('--scan', action='store_true')
+  parser.add_argument('--remat', default='',
+                      help="model.remat_policy (default: the preset's)")
+  parser.add_argument('--scan', action='store_true',
+                      help="scanned layers (default: the preset's)")
   parser.add_argument('--flax_wmt', default='',
                       help="Flax's examples/wmt directory: time its train "
                       'step beside ours')
@@ -178,17 +221,23 @@ def main():
   args = parser.parse_args()
 
   preset = PRESETS[args.config]
+  task = get_task(preset.get('task', 'translation'))
+  if args.flax_wmt and task.name != 'translation':
+    parser.error(f'--flax_wmt times translation models, not {args.config}')
   rows = args.rows or preset['rows']
-  source_length = target_length = args.length or preset['source_length']
-  model_config = ModelConfig(max_len=max(512, source_length), dtype=args.dtype,
-                             attention_impl=args.attention,
-                             remat_policy=args.remat, scan_layers=args.scan,
-                             **preset['model'])
+  source_length = args.length or preset['source_length']
+  target_length = args.length or preset['target_length']
+  if 'inputs' not in task.batch_keys:
+    source_length = 0
+  model_config = preset_model(args.config, args)
   model = dataclasses.asdict(model_config)
-  batches = flax_wmt_step.batches_for(model, rows, source_length,
-                                      target_length)
+  if task.name == 'translation':
+    batches = flax_wmt_step.batches_for(model, rows, source_length,
+                                        target_length)
+  else:
+    batches = lm_batches(rows, target_length, model_config.vocab_size)
   steps = {}  # name: (step returning its seconds, compile seconds, params)
-  run, compile_seconds, params = our_step(model_config, batches)
+  run, compile_seconds, params = our_step(model_config, batches, task.name)
   steps['ours'] = (timed(run), compile_seconds, params)
   if args.flax_wmt:
     run, compile_seconds, params = our_step(
@@ -202,12 +251,12 @@ def main():
     steps['flax_wmt_in_process'] = (timed(run), compile_seconds, params)
 
   tokens = rows * (source_length + target_length)
-  flops = training_flops_per_step(model_config, get_task('translation'), rows,
-                                  source_length, target_length)
+  flops = training_flops_per_step(model_config, task, rows, source_length,
+                                  target_length)
   device = jax.devices()[0]
   print(f'config={args.config} dtype={args.dtype} device={device.device_kind} '
         f'x{jax.device_count()} params={steps["ours"][2] / 1e6:.1f}M '
-        f'batch={rows}x({source_length}+{target_length})')
+        f'batch={task.shape_name(rows, source_length, target_length)}')
   for name, (_, compile_seconds, params) in steps.items():
     print(f'{name}: compile_time_s={compile_seconds:.2f} '
           f'params={params / 1e6:.2f}M')
