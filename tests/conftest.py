@@ -14,6 +14,12 @@ os.environ.setdefault('ALLOW_MULTIPLE_LIBTPU_LOAD', '1')
 # tries a TPU backend in every process and libtpu prints its failure to
 # stderr (the compile-only client of test_compile needs no TPU backend).
 os.environ.setdefault('JAX_PLATFORMS', 'cpu')
+# Tests compare float32 results to 1e-5 or so. On a GPU, XLA runs float32
+# matmuls in TF32 (a 10-bit mantissa) by default, and two orders of the same
+# sums differ by 1e-3 (fused against einsum attention on an H100): where
+# JAX_PLATFORMS names an accelerator, the tests ask for full float32.
+if os.environ['JAX_PLATFORMS'] != 'cpu':
+  os.environ.setdefault('JAX_DEFAULT_MATMUL_PRECISION', 'highest')
 # etils.epath decides once per process whether gs:// goes through
 # TensorFlow, at its first remote path; the emulator (gcs_emulator below)
 # needs fsspec/gcsfs, so the choice is made here, before any test runs.
