@@ -12,9 +12,10 @@ jaxformer language_model export), sharded over all devices (FSDP):
       --config.data.text.train=train.txt --config.data.text.dev=dev.txt
 
 The model and the tokenizer are the export's (no tokenizer is trained): a
-row of a pair is the model's start token (an imported Llama's BOS) + prompt
-+ response + EOS as the tokenizer makes them (data/lm_rows.py); a document
-is the start token + text + EOS. This file sets the
+row of a pair is the model's start token (an imported Llama's BOS; none
+for a tokenizer without BOS, as Qwen2's) + prompt + response + EOS as the
+tokenizer makes them (data/lm_rows.py); a document is the start token +
+text + EOS. This file sets the
 data, the dropout and the schedule: a short warm-up to a small peak
 learning rate, cosine decay to 0. Resume, the time budget
 (train.max_minutes) and checkpoint averaging work as for any run.

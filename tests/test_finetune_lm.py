@@ -39,11 +39,15 @@ def _export(root: pathlib.Path, name: str, *overrides) -> str:
 def setup(tmp_path_factory):
   """Exports (jaxformer's tokenizer, a Hugging Face one) and data files."""
   root = tmp_path_factory.mktemp('finetune_lm')
-  hf_file = root / 'hf_tokenizer.json'
-  hf_file.write_bytes(hf_tokenizer(True).serialized_model_proto())
-  exports = {'own': _export(root, 'own'),
-             'hf': _export(root, 'hf', f'data.tokenizer.model_path={hf_file}',
-                           f'data.tokenizer.vocab_size={len(WORDS)}')}
+  exports = {'own': _export(root, 'own')}
+  # A Llama-like tokenizer (adds BOS) and a Qwen2-like one (adds nothing:
+  # a prompt/response row then starts with the prompt's first token).
+  for name, with_bos in (('hf', True), ('hf_no_bos', False)):
+    hf_file = root / f'{name}_tokenizer.json'
+    hf_file.write_bytes(hf_tokenizer(with_bos).serialized_model_proto())
+    exports[name] = _export(root, name,
+                            f'data.tokenizer.model_path={hf_file}',
+                            f'data.tokenizer.vocab_size={len(WORDS)}')
   for split in ('train', 'dev'):
     (root / f'{split}.tsv').write_text(''.join(
         f'{p}\t{r}\n' for p, r in PAIRS * 4))
@@ -64,7 +68,8 @@ def _overrides(root, export, kind, steps):
 
 @pytest.mark.slow
 @pytest.mark.parametrize('kind,tokenizer', [('text', 'own'), ('tsv', 'own'),
-                                            ('tsv', 'hf')])
+                                            ('tsv', 'hf'),
+                                            ('tsv', 'hf_no_bos')])
 def test_a_finetune_lowers_the_loss_with_the_exports_tokenizer(
     setup, tmp_path, kind, tokenizer):
   root, exports = setup

@@ -1,6 +1,8 @@
 """Language model rows (data/lm_rows.py) with jaxformer's tokenizers and
 Hugging Face ones: documents end with one EOS; a prompt/response pair is
-BOS? + prompt + response + EOS with the loss mask on the response + EOS."""
+prompt + response + EOS with the loss mask on the response + EOS, after
+the model's start token, or, for a tokenizer without BOS, from the
+prompt's first token on (the row's start)."""
 import ml_collections
 import numpy as np
 import pytest
@@ -50,11 +52,15 @@ def test_a_pair_row_is_prompt_response_eos_with_the_mask_on_the_response(
   rows = lm_rows.language_model_rows(
       _data('prompt_response'), ['what is two plus four ?', 'one plus one'],
       ['it is six', 'two'], 'train', tok)
-  bos = []  # The model's start token stands for the tokenizer's BOS.
-  first = bos + [3, 4, 5, 6, 7, 8] + [9, 4, 10, 2]
-  second = bos + [11, 6, 11] + [5, 2]
-  for row, ids, prompt in ((0, first, len(bos) + 6),
-                           (1, second, len(bos) + 3)):
+  # With a BOS, the model's start token stands for it (-1: the model's);
+  # without (Qwen2), the prompt's first token is the row's first input.
+  first = [3, 4, 5, 6, 7, 8] + [9, 4, 10, 2]
+  second = [11, 6, 11] + [5, 2]
+  skip = 0 if with_bos else 1
+  assert rows[lm_rows.ROW_START].tolist() == (
+      [-1, -1] if with_bos else [3, 11])
+  for row, ids, prompt in ((0, first[skip:], 6 - skip),
+                           (1, second[skip:], 3 - skip)):
     expected = np.zeros(12, np.int32)
     expected[:len(ids)] = ids
     np.testing.assert_array_equal(rows['targets'][row], expected)
@@ -70,9 +76,9 @@ def test_a_pair_row_is_prompt_response_eos_with_the_mask_on_the_response(
   cut = lm_rows.language_model_rows(
       _data('prompt_response', 8), ['what is two plus four ?'], ['it is six'],
       'train', tok)
-  np.testing.assert_array_equal(cut['targets'][0], first[:8])
-  assert cut[lm_rows.LOSS_MASK][0].tolist() == [0] * (len(bos) + 6) + [1] * (
-      2 - len(bos))
+  np.testing.assert_array_equal(cut['targets'][0], first[skip:8 + skip])
+  assert cut[lm_rows.LOSS_MASK][0].tolist() == [0] * (6 - skip) + [1] * (
+      2 + skip)
 
 
 def test_pairs_with_jaxformers_tokenizer_have_one_eos_and_no_bos(

@@ -5,7 +5,11 @@ one (`hf_tokenizer.HFTokenizer`: BOS where the model has one, no EOS).
 The model puts its start token (`decoder_start_id`: an imported model's
 BOS) before each row's first target, so a row holds no BOS of its own:
 a Llama model then trains on [BOS, text] -> [text, EOS], as Hugging Face's
-does, and `generate` feeds the prompt with its BOS at position 0.
+does, and `generate` feeds the prompt with its BOS at position 0. A model
+whose tokenizer adds no BOS (Qwen2's) reads a prompt from its first token,
+as Hugging Face's does: its prompt/response rows start with that token
+('targets_start', below), so that it trains on [prompt, response] ->
+[prompt[1:], response, EOS] and `generate` feeds what it trained on.
 
   'packed'           one document per line: each is text + EOS, the
                      documents concatenated and cut into rows; every token
@@ -15,7 +19,11 @@ does, and `generate` feeds the prompt with its BOS at position 0.
                      fine-tuning makes them; the response is encoded on
                      its own), padded, cut at the row's width; the loss
                      falls on the response and its EOS only: 'LOSS_MASK'
-                     [rows, width] int32 is 1 there, 0 elsewhere.
+                     [rows, width] int32 is 1 there, 0 elsewhere;
+                     'targets_start' [rows] int32 is each row's first
+                     input: -1 (the model's start token), or, without a
+                     BOS, the prompt's first token (the row's targets then
+                     begin with its second).
 """
 
 from __future__ import annotations
@@ -29,6 +37,8 @@ from jaxformer.data import sources
 LM_ROWS = ('packed', 'prompt_response')
 # The batch key of the per-token loss mask (1: trained on, 0: not).
 LOSS_MASK = 'targets_loss_mask'
+# The batch key of each row's first input (-1: the model's start token).
+ROW_START = 'targets_start'
 
 
 def _without_eos(tokenizer, ids: list[int]) -> list[int]:
@@ -83,15 +93,26 @@ def pack_documents(token_lists: Sequence[Sequence[int]], width: int
           'targets_positions': lay_out(position)}
 
 
-def pair_rows(pairs: Sequence[tuple[list[int], int]], width: int
-              ) -> dict[str, np.ndarray]:
+def first_token_is_input(tokenizer) -> bool:
+  """Whether a text's first token is the model's first input (a Hugging
+  Face tokenizer that adds no BOS), not its first target."""
+  return getattr(tokenizer, 'bos_id', 0) is None
+
+
+def pair_rows(pairs: Sequence[tuple[list[int], int]], width: int,
+              first_is_input: bool = False) -> dict[str, np.ndarray]:
   """'targets', its segment ids and positions, and LOSS_MASK [pairs,
-  width] int32: one (ids, response start) pair per row, cut at `width`,
-  segment id 1 on its tokens (0: padding), the mask 1 from the response
-  on."""
+  width] int32, and ROW_START [pairs] int32: one (ids, response start)
+  pair per row, cut at `width`, segment id 1 on its tokens (0: padding),
+  the mask 1 from the response on. With `first_is_input`, a pair's first
+  token is its row's start instead of its first target."""
   rows = {key: np.zeros((len(pairs), width), np.int32) for key in (
       'targets', 'targets_segment_ids', 'targets_positions', LOSS_MASK)}
+  rows[ROW_START] = np.full(len(pairs), -1, np.int32)
   for row, (ids, start) in enumerate(pairs):
+    if first_is_input and ids:
+      rows[ROW_START][row] = ids[0]
+      ids, start = ids[1:], max(start - 1, 0)
     ids = ids[:width]
     rows['targets'][row, :len(ids)] = ids
     rows['targets_segment_ids'][row, :len(ids)] = 1
@@ -117,4 +138,5 @@ def language_model_rows(data_config, texts: Sequence[str],
         f'{split} example {empty[0]}: no response; data.lm_rows='
         "'prompt_response' reads 'prompt<TAB>response' lines "
         '(data.source=tsv)')
-  return pair_rows(pair_ids(tokenizer, texts, labels), width)
+  return pair_rows(pair_ids(tokenizer, texts, labels), width,
+                   first_token_is_input(tokenizer))

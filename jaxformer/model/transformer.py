@@ -24,12 +24,13 @@ REMAT_POLICIES = {
 
 
 def shift_right(targets: jax.Array, segment_ids: jax.Array,
-                start_id: int = 0) -> jax.Array:
+                start_id: int | jax.Array = 0) -> jax.Array:
   """Decoder inputs: targets moved one step right, `start_id` at each
   segment start.
 
   Args:
     targets, segment_ids: [batch, length] int.
+    start_id: an id, or [batch, 1] ids (one a row).
   """
   shifted = jnp.pad(targets, ((0, 0), (1, 0)))[:, :-1]
   previous_segment = jnp.pad(segment_ids, ((0, 0), (1, 0)))[:, :-1]
@@ -307,15 +308,19 @@ class DecoderLM(nn.Module):
     return self.decoder(decoder_inputs, segment_ids, positions)
 
   def __call__(self, targets, targets_segment_ids=None,
-               targets_positions=None, output_fn=None):
+               targets_positions=None, output_fn=None, targets_start=None):
     """[batch, t] int -> [batch, t, vocab]: logits for targets[:, i] given
-    targets[:, :i] (or output_fn's result, see `Decoder`)."""
+    targets[:, :i] (or output_fn's result, see `Decoder`), after the
+    start token: decoder_start_id, or where `targets_start` [batch] (one
+    segment a row) is not -1, that row's own."""
     cfg = self.config
     packed = targets_segment_ids is not None
     segment_ids, positions = default_segments(targets, targets_segment_ids,
                                               targets_positions, cfg.pad_id)
-    return self.decoder(shift_right(targets, segment_ids,
-                                    cfg.decoder_start_id), segment_ids,
+    start = cfg.decoder_start_id
+    if targets_start is not None:
+      start = jnp.where(targets_start < 0, start, targets_start)[:, None]
+    return self.decoder(shift_right(targets, segment_ids, start), segment_ids,
                         positions, output_fn=output_fn, packed=packed)
 
 

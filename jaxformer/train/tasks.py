@@ -4,7 +4,9 @@ sums. The one train step, loop, sharding and checkpointing serve them all.
 Batches are dicts of arrays. Translation: 'inputs', 'targets' and their
 '*_segment_ids' / '*_positions'. Language model: 'targets' (+ segment ids,
 positions, and with `data.lm_rows='prompt_response'` 'targets_loss_mask':
-0 where no loss falls, e.g. on a prompt). Classification: 'inputs' (+ ...), 'labels' [batch] int.
+0 where no loss falls, e.g. on a prompt, and 'targets_start' [batch] int,
+each row's first input, -1 for the model's start token). Classification:
+'inputs' (+ ...), 'labels' [batch] int.
 Regression: 'inputs' (+ ...), 'values' [batch, regression_dim] float.
 The encoder-only tasks' batches carry 'inputs_token_types' [batch, s] int
 when the model has token types (model.type_vocab_size).
@@ -17,7 +19,7 @@ import jax.numpy as jnp
 import numpy as np
 from flax import linen as nn
 
-from jaxformer.data.lm_rows import LOSS_MASK
+from jaxformer.data.lm_rows import LOSS_MASK, ROW_START
 from jaxformer.model import (DecoderLM, EncoderClassifier, EncoderDecoder,
                              EncoderRegressor, ModelConfig)
 from jaxformer.train import chunked_loss
@@ -77,7 +79,7 @@ def language_model_sums(model, params, batch, rngs, label_smoothing):
   return model.apply({'params': params}, batch['targets'],
                      **_packing(batch, 'targets'),
                      output_fn=_output_metrics(batch, label_smoothing),
-                     rngs=rngs)
+                     targets_start=batch.get(ROW_START), rngs=rngs)
 
 
 def _encoder_outputs(model, params, batch, rngs):
@@ -184,7 +186,8 @@ class Task:
                    ) -> dict[str, tuple[tuple[int, ...], type]]:
     """(shape, dtype) of each array of a batch of `rows` rows: the token
     arrays [rows, source or target] int32 with their segment ids and
-    positions (an encoder-only model's token types too, if it has them),
+    positions (an encoder-only model's token types too, if it has them;
+    prompt/response rows' loss mask [rows, target] and starts [rows]),
     and the label array (labels [rows] int32, values [rows, regression_dim]
     float32)."""
     width = {'inputs': source, 'targets': target}
@@ -197,6 +200,7 @@ class Task:
     if 'targets' in self.batch_keys and (
         config.data.get('lm_rows') == 'prompt_response'):
       shapes[LOSS_MASK] = ((rows, target), np.int32)
+      shapes[ROW_START] = ((rows,), np.int32)
     if self.label:
       key, dtype, dim_key = self.label
       shapes[key] = ((rows,) + ((config.model[dim_key],) if dim_key else ()),

@@ -241,6 +241,27 @@ def test_shift_right_starts_each_segment_with_zero():
                                 [[0, 11, 12, 0, 21, 0]])
 
 
+@CONFIGS
+def test_a_rows_own_start_makes_it_read_its_first_token_first(config):
+  """targets_start: a row [t1..] with start t0 gives the logits of
+  [t0, t1, ...] read from position 0 (as a prompt without BOS is fed to
+  `generate`); -1 keeps the model's start token."""
+  params = init(DecoderLM(config), TEACHER_FORCED)
+  model = DecoderLM(config)
+  first, rest = TEACHER_FORCED[:, 0], TEACHER_FORCED[:, 1:]
+  own = model.apply({'params': params}, rest, targets_start=first)
+  inputs = TEACHER_FORCED[:, :-1]
+  ones = jnp.ones_like(inputs)
+  read = model.apply({'params': params}, inputs, ones,
+                     jnp.broadcast_to(jnp.arange(4), inputs.shape),
+                     method='decode_logits')
+  np.testing.assert_allclose(own, read, atol=1e-5)
+  np.testing.assert_allclose(
+      model.apply({'params': params}, rest,
+                  targets_start=jnp.array([-1, first[1]]))[0],
+      model.apply({'params': params}, rest)[0], atol=1e-6)
+
+
 # Cached decoding.
 
 
