@@ -5,7 +5,8 @@ does; `jaxformer export --format hf` gives a folder that
 `AutoModelForCausalLM`/`AutoTokenizer.from_pretrained` load, with the same
 logits (1e-4) and tokenisation, and that imports again to bitwise the same
 parameters; `--format ct2` gives a CTranslate2 Generator whose greedy ids
-equal Hugging Face's (float32), and an int8 one that runs.
+equal Hugging Face's (float32), and an int8 one that runs. A fine-tune's
+prompt/response loss equals Hugging Face's on the same pair.
 
 The folders (llama_folders.py) are random-weight models in several shapes:
 GQA and MQA, llama3 rope scaling, linear and none, tied and untied heads,
@@ -225,6 +226,40 @@ def test_ct2_generator_greedy_equals_generate_and_int8_runs(
       assert all(1 <= len(row) <= NEW_TOKENS for row in ids)
   assert {'tokenizer.json', 'generation_config.json', 'model.bin'} <= set(
       os.listdir(str(tmp_path / 'int8')))
+
+
+def test_a_prompt_response_loss_equals_hugging_faces(imported):
+  """The loss `configs/finetune_lm.py:tsv` trains on, of each pair, is
+  Hugging Face's: the model reads BOS (where its tokenizer adds one) +
+  prompt + response + EOS, and the loss falls on the response and EOS
+  (labels -100 on the prompt). For Qwen2, without BOS, this holds only if
+  the row starts with the prompt's first token, not a start token."""
+  import ml_collections
+  from jaxformer.data import lm_rows
+  from jaxformer.train.tasks import get_task
+  texts = hf_tokenizer_folders.training_texts(8, seed=5)
+  prompts, responses = texts[:4], texts[4:]
+  rows = lm_rows.language_model_rows(
+      ml_collections.ConfigDict(dict(lm_rows='prompt_response',
+                                     max_target_length=48)),
+      prompts, responses, 'train', imported.tokenizer)
+  task = get_task('language_model')
+  hf_tok = transformers.AutoTokenizer.from_pretrained(imported.folder)
+  for row, (prompt, response) in enumerate(zip(prompts, responses)):
+    batch = {key: value[row:row + 1] for key, value in rows.items()}
+    sums = task.loss_sums(task.model(imported.config), imported.ours.params,
+                          batch, {}, 0.0)
+    ours = float(sums['loss'] / sums['weight'])
+    context = hf_tok(prompt).input_ids
+    if context[-1:] == [hf_tok.eos_token_id]:
+      context = context[:-1]  # A tokenizer that ends every text with EOS.
+    answer = hf_tok(response, add_special_tokens=False).input_ids + [
+        imported.tokenizer.eos_id]
+    ids = torch.tensor([context + answer])
+    labels = torch.tensor([[-100] * len(context) + answer])
+    with torch.no_grad():
+      theirs = float(imported.hf(input_ids=ids, labels=labels).loss)
+    assert abs(ours - theirs) < 1e-5, (imported.name, row, ours, theirs)
 
 
 @pytest.mark.parametrize('imported', shapes_where(
