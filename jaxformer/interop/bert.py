@@ -323,16 +323,8 @@ def run_config(base, config: ModelConfig, tokenizer, head_: Head):
 
 def read_config(folder: str) -> tuple[dict, str]:
   """(config.json, its model_type) of a BERT-family folder."""
-  hf = hf_folders.read_json(folder, 'config.json')
-  model_type = hf.get('model_type')
-  if model_type not in MODEL_TYPES:
-    raise BertImportError(f'{folder}/config.json: model_type is '
-                          f'{model_type!r}, not one of {MODEL_TYPES}')
-  reasons = refusals(hf)
-  if reasons:
-    raise BertImportError(f'{folder}/config.json asks what jaxformer does '
-                          'not support: ' + '; '.join(reasons))
-  return hf, model_type
+  return hf_folders.checked_config(folder, MODEL_TYPES,
+                                  lambda hf, _: refusals(hf), BertImportError)
 
 
 def _check_ids(hf: dict, tokenizer, folder: str) -> None:

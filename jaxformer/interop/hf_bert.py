@@ -30,9 +30,7 @@ def blockers(config: ModelConfig) -> list[str]:
             'use_bias': True, 'position_embedding': 'learned',
             'embedding_norm': True, 'pooler': True, 'pooling': 'first',
             'scale_embedding': False, 'zero_pad_embedding': False}
-  reasons = [f'model.{key}={getattr(config, key)!r} (the family has '
-             f'{value!r})' for key, value in wanted.items()
-             if getattr(config, key) != value]
+  reasons = layout.option_blockers(config, wanted)
   if config.activation not in ACTIVATIONS:
     reasons.append(f'model.activation={config.activation!r} (the family has '
                    f'{", ".join(ACTIVATIONS)})')

@@ -14,6 +14,7 @@ reads them.
 from __future__ import annotations
 
 import os
+from collections.abc import Sequence
 
 from jaxformer.data import hf_tokenizer
 from jaxformer.data import sources
@@ -59,6 +60,23 @@ def model_type(folder: str):
                       'model folder? (download one with `huggingface-cli '
                       'download REPO --local-dir DIR`)')
   return read_json(folder, 'config.json').get('model_type')
+
+
+def checked_config(folder: str, model_types: Sequence[str], refusals,
+                   error: type[Exception]) -> tuple[dict, str]:
+  """(config.json, its model_type) of a folder of one of `model_types`;
+  `error` names a model_type not among them, or what `refusals(config,
+  model_type)` (a list of reasons) says jaxformer does not support."""
+  hf = read_json(folder, 'config.json')
+  kind = hf.get('model_type')
+  if kind not in model_types:
+    raise error(f'{folder}/config.json: model_type is {kind!r}, not one '
+                f'of {tuple(model_types)}')
+  reasons = refusals(hf, kind)
+  if reasons:
+    raise error(f'{folder}/config.json asks what jaxformer does not '
+                'support: ' + '; '.join(reasons))
+  return hf, kind
 
 
 def _ids(value, what: str) -> list[int]:

@@ -32,9 +32,7 @@ def blockers(config: ModelConfig) -> list[str]:
   wanted = {'norm_position': 'pre', 'norm_type': 'rms',
             'position_embedding': 'rope', 'scale_embedding': False,
             'output_bias': False, 'zero_pad_embedding': False}
-  reasons = [f'model.{key}={getattr(config, key)!r} (the family has '
-             f'{value!r})' for key, value in wanted.items()
-             if getattr(config, key) != value]
+  reasons = layout.option_blockers(config, wanted)
   if config.activation not in ACTIVATIONS:
     reasons.append(f'model.activation={config.activation!r} (the family has '
                    f'{" or ".join(ACTIVATIONS)})')

@@ -36,6 +36,15 @@ def looped(stack: dict, count: int) -> dict:
   return tree
 
 
+def option_blockers(config: ModelConfig, wanted: dict[str, Any]
+                    ) -> list[str]:
+  """One reason for each `model.*` option of `config` that is not the
+  value a family has (`wanted`: option -> the family's value)."""
+  return [f'model.{key}={getattr(config, key)!r} (the family has '
+          f'{value!r})' for key, value in wanted.items()
+          if getattr(config, key) != value]
+
+
 def paper_attention_blockers(config: ModelConfig) -> list[str]:
   """What the encoder-decoder exporters (the paper's attention and
   LayerNorms) cannot write: one reason per option."""

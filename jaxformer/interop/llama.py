@@ -310,16 +310,8 @@ def run_config(base, config: ModelConfig, tokenizer):
 
 def read_config(folder: str) -> tuple[dict, str]:
   """(config.json, its model_type) of a Llama-family folder."""
-  hf = hf_folders.read_json(folder, 'config.json')
-  model_type = hf.get('model_type')
-  if model_type not in MODEL_TYPES:
-    raise LlamaImportError(f'{folder}/config.json: model_type is '
-                           f'{model_type!r}, not one of {MODEL_TYPES}')
-  reasons = refusals(hf, model_type)
-  if reasons:
-    raise LlamaImportError(f'{folder}/config.json asks what jaxformer does '
-                           'not support: ' + '; '.join(reasons))
-  return hf, model_type
+  return hf_folders.checked_config(folder, MODEL_TYPES, refusals,
+                                  LlamaImportError)
 
 
 def _weights(folder: str):
