@@ -11,7 +11,14 @@
 
 A source is a kind of `data.source` with its own group of that kind's keys
 (defaults as in `data.<kind>`), read for its train split only; evaluation
-reads `data.source`'s dev and test splits. Stage i covers the batches
+reads `data.source`'s dev and test splits. For a many-to-many translator
+(M2M100, NLLB) a source may name its own language pair, so that one run
+trains several pairs:
+
+        {'name': 'en-de', 'source': 'tsv', 'tsv': {'train': 'en-de.tsv'},
+         'source_lang': 'en', 'target_lang': 'de'}
+
+(default: data.source_lang and data.target_lang, the pair evaluated). Stage i covers the batches
 before its `until_step` (and from the one before's); the last lasts to the
 end of training; a source a stage does not name is not drawn in it.
 
@@ -47,6 +54,8 @@ from jaxformer.data import sources
 from jaxformer.data.defaults import default_data_config
 
 KINDS = ('builtin', 'tsv', 'files', 'tfds', 'text')
+# A source's own language pair (many-to-many models).
+LANGUAGES = ('source_lang', 'target_lang')
 # The keys naming each kind's train files (none: 'builtin' and 'tfds').
 TRAIN_FILES = {'tsv': ('train',), 'text': ('train',),
                'files': ('train_source', 'train_target')}
@@ -116,6 +125,9 @@ def _source_config(data_config, entry, where: str) -> ml_collections.ConfigDict:
   config.mixture = dict(sources=[], stages=[])
   config.source = kind
   config[kind] = group
+  for key in LANGUAGES:
+    if key in entry:
+      config[key] = entry[key]
   return config
 
 
@@ -132,11 +144,16 @@ def _entry_name(entry, index: int) -> tuple[str, str]:
   if entry.get('source') not in KINDS:
     raise _error(where, f"unknown source kind {entry.get('source')!r} (its "
                  f"'source'); use one of {KINDS}")
-  unknown = sorted(set(entry) - {'name', 'source', 'weight', entry.get(
-      'source')})
+  unknown = sorted(set(entry) - {'name', 'source', 'weight', *LANGUAGES,
+                                 entry.get('source')})
   if unknown:
     raise _error(where, f'unknown key {unknown[0]!r}; a source has name, '
-                 "source (its kind), that kind's group and weight")
+                 "source (its kind), that kind's group, weight and, for a "
+                 'many-to-many model, source_lang and target_lang')
+  for key in LANGUAGES:
+    if key in entry and not (isinstance(entry[key], str) and entry[key]):
+      raise _error(where, f'{key} {entry[key]!r} is not a language code '
+                   "such as 'de' or 'deu_Latn'")
   return name, where
 
 

@@ -44,6 +44,7 @@ import ml_collections
 import numpy as np
 import tensorflow as tf
 
+from jaxformer.data import language_tokenizer
 from jaxformer.data import mixture as mixture_lib
 from jaxformer.data import sources
 from jaxformer.data import token_cache as token_cache_lib
@@ -166,17 +167,19 @@ def translation_train_batches(
 
 def _mixture_examples(mixture: mixture_lib.Mixture, source_tok, target_tok,
                       token_cache, process_index: int) -> list[TokenizedSplit]:
-  """Each source's training examples, every train file checked first
-  (where this process reads them: with a shared cache, process 0 alone)."""
+  """Each source's training examples, in its own language pair where it
+  names one, every train file checked first (where this process reads
+  them: with a shared cache, process 0 alone)."""
   if process_index == 0 or not isinstance(token_cache,
                                           token_cache_lib.SharedCache):
     mixture_lib.check_files(mixture)
   splits = []
   for name, config in zip(mixture.names, mixture.configs):
     try:
-      splits.append(training_examples(config, source_tok, target_tok,
-                                      token_cache, process_index,
-                                      name=f'mixture/{name}'))
+      splits.append(training_examples(
+          config, *language_tokenizer.bind_pair(source_tok, target_tok,
+                                                config),
+          token_cache, process_index, name=f'mixture/{name}'))
     except sources.DataError as e:
       raise type(e)(f"data.mixture source '{name}': {e}") from None
   return splits

@@ -166,6 +166,40 @@ def test_each_source_has_its_own_token_cache(files, tok, tmp_path):
   assert len(set(p.name for p in cache.iterdir()) - set(folders)) == 1
 
 
+def test_each_source_trains_its_own_language_pair(files, tok):
+  """A many-to-many model's mixture: 'a' en->de (the run's pair), 'b'
+  en->fr; every example starts with its source's language tokens."""
+  from jaxformer.data.language_tokenizer import LanguageTokenizer
+  codes = {'en': tok.vocab_size, 'de': tok.vocab_size + 1,
+           'fr': tok.vocab_size + 2}
+  many = LanguageTokenizer(tok, codes, vocab_size=tok.vocab_size + 3,
+                           language='en')
+  config = mixed_config(files, weights=(1, 2), source_lang='en',
+                        target_lang='de')
+  config.mixture.sources[1].update(target_lang='fr')
+  batches = list(itertools.islice(pipeline.translation_train_batches(
+      config, many, many.with_language('de')), 4))
+  for batch in batches:
+    firsts = {'inputs': [], 'targets': []}
+    for key in firsts:
+      for tokens, segments in zip(batch[key], batch[f'{key}_segment_ids']):
+        for segment in sorted(set(segments[segments > 0].tolist())):
+          firsts[key].append(int(tokens[segments == segment][0]))
+    assert set(firsts['inputs']) == {codes['en']}
+    assert [firsts['targets'].count(codes[c]) for c in ('de', 'fr')] == (
+        batch['source_counts'].tolist())
+  # A model without language tokens refuses a source's pair, naming it.
+  with pytest.raises(DataError, match="source 'b': data.target_lang='fr': "
+                     'this model has no language tokens'):
+    take(_plain_b_fr(files), tok, 1)
+
+
+def _plain_b_fr(files):
+  config = mixed_config(files)
+  config.mixture.sources[1].update(target_lang='fr')
+  return config
+
+
 def test_the_tokenizer_and_labels_come_from_every_source(files, tmp_path):
   config = mixed_config(files)
   config.tsv.train = ''  # data.source gives only evaluation splits.
@@ -215,6 +249,8 @@ def no_stages(config):
     (lambda c: c.mixture.sources[1].update(tsv=dict(trian='x')),
      "tsv has no key 'trian'"),
     (lambda c: c.mixture.sources[1].update(files={}), "unknown key 'files'"),
+    (lambda c: c.mixture.sources[1].update(target_lang=''),
+     "target_lang '' is not a language code"),
     (lambda c: c.update(batching='bucket'), "set data.batching='pack'"),
     (lambda c: c.mixture.update(sources=[]), 'stages needs data.mixture'),
     (lambda c: c.mixture.sources[0].update(weight=2), 'move it into the'),

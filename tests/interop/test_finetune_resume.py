@@ -158,3 +158,24 @@ def test_a_killed_finetuning_run_resumes_bitwise(tmp_path, setup):
 def _leaves(tree):
   import jax
   return jax.tree.leaves(tree)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize('setup', ['m2m100'], indirect=True)
+def test_an_m2m100_finetune_trains_several_pairs_in_one_run(setup, tmp_path):
+  """data.mixture with a pair per source: en->de (the run's pair, which
+  evaluation uses) and en->fr, drawn 1:1."""
+  from jaxformer.config.settings import load_config
+  from jaxformer.run.trainer import Trainer
+  export, overrides, _ = setup
+  train_file = str(pathlib.Path(export).parent / 'train.tsv')
+  config = load_config(CONFIG, [o[len('--config.'):] for o in overrides]
+                       + ['train.num_steps=2', 'checkpoint.every=0'])
+  config.data.mixture.sources = [
+      dict(name='en-de', source='tsv', tsv=dict(train=train_file)),
+      dict(name='en-fr', source='tsv', tsv=dict(train=train_file),
+           target_lang='fr')]
+  Trainer(config, str(tmp_path)).run()
+  drawn = {key: sum(r.get(key, 0) for r in read_metrics(str(tmp_path)))
+           for key in ('examples/en-de', 'examples/en-fr')}
+  assert all(count > 0 for count in drawn.values()), drawn
