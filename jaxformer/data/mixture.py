@@ -18,9 +18,10 @@ trains several pairs:
         {'name': 'en-de', 'source': 'tsv', 'tsv': {'train': 'en-de.tsv'},
          'source_lang': 'en', 'target_lang': 'de'}
 
-(default: data.source_lang and data.target_lang, the pair evaluated). Stage i covers the batches
-before its `until_step` (and from the one before's); the last lasts to the
-end of training; a source a stage does not name is not drawn in it.
+(default: data.source_lang and data.target_lang, the pair evaluated).
+Stage i covers the batches before its `until_step` (and from the one
+before's); the last lasts to the end of training; a source a stage does
+not name is not drawn in it.
 
 Draws: global batch k of B rows takes from the sources of k's stage,
 with shares P (cumulative: 0 = P_0 <= ... <= P_S = 1), rows
