@@ -85,8 +85,8 @@ PRESETS = {
                            num_decoder_layers=6, embedding_dropout=0.3,
                            residual_dropout=0.3),
                 rows=64, source_length=128, target_length=128),
-    # model=None: the model of configs/lm_llama.py:125m.
-    'llama_125m': dict(task='language_model', model=None, rows=16,
+    # The model of configs/lm_llama.py:125m.
+    'llama_125m': dict(task='language_model', lm_llama='125m', rows=16,
                        source_length=0, target_length=2048),
 }
 LM_LLAMA = os.path.join(os.path.dirname(os.path.abspath(__file__)), '..',
@@ -114,19 +114,19 @@ FLAX_DROPOUT = dict(embedding_dropout=0.1, residual_dropout=0.1,
 
 
 def preset_model(name: str, args) -> ModelConfig:
-  """The preset's model with the command line's dtype, attention, remat
-  and scan (a config's own remat and scan where those are not given)."""
+  """The preset's model with the command line's dtype and attention, and
+  its remat and scan where given (else the preset's own)."""
   preset = PRESETS[name]
-  changes = dict(dtype=args.dtype, attention_impl=args.attention)
-  if preset['model'] is None:
-    config = load_config(f'{LM_LLAMA}:{name.split("_")[1]}')
-    model_config = from_config_dict(config.model)
+  if 'lm_llama' in preset:
+    model_config = from_config_dict(
+        load_config(f'{LM_LLAMA}:{preset["lm_llama"]}').model)
   else:
     model_config = ModelConfig(**preset['model'])
-  if args.remat or preset['model'] is not None:
-    changes['remat_policy'] = args.remat or 'none'
-  if args.scan or preset['model'] is not None:
-    changes['scan_layers'] = args.scan
+  changes = dict(dtype=args.dtype, attention_impl=args.attention)
+  if args.remat:
+    changes['remat_policy'] = args.remat
+  if args.scan:
+    changes['scan_layers'] = True
   length = max(args.length or preset['source_length'],
                args.length or preset['target_length'])
   changes['max_len'] = max(512, length, model_config.max_len)

@@ -61,12 +61,19 @@ def stopped_at(run: Training) -> int:
   return int(text.split(marker)[1].split()[0])
 
 
-def terminate(run: Training) -> float:
-  """Sends SIGTERM; seconds until the process exited 0."""
+def send_sigterm(run: Training) -> tuple[int, float]:
+  """Sends SIGTERM; (exit code, seconds until the process exited)."""
   sent = time.monotonic()
   run.process.send_signal(signal.SIGTERM)
-  assert run.finish(timeout=300) == 0, run.output()
-  return time.monotonic() - sent
+  code = run.finish(timeout=300)
+  return code, time.monotonic() - sent
+
+
+def terminate(run: Training) -> float:
+  """Sends SIGTERM; seconds until the process exited 0."""
+  code, seconds = send_sigterm(run)
+  assert code == 0, run.output()
+  return seconds
 
 
 def ended_before(run: Training) -> bool:
@@ -124,10 +131,7 @@ def test_sigterm_at_a_random_moment_saves_within_two_steps_and_resumes_exactly(
     run = slow_run(workdir, environment)
     run.wait_until(lambda: started(run), 'the start of training')
     time.sleep(random.uniform(0.15, 0.5) / 2 ** attempt * slow_reference[2])
-    sent = time.monotonic()
-    run.process.send_signal(signal.SIGTERM)
-    code = run.finish(timeout=300)
-    seconds = time.monotonic() - sent
+    code, seconds = send_sigterm(run)
     if ended_before(run) and code in (0, -signal.SIGTERM):
       continue
     assert code == 0, run.output()
