@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
-# The GPU check, in one run (6 minutes on an H100, 2026-12-05; its steps'
-# limits add up to 9): the cuDNN attention tests, benchmarks/train_throughput.py for
-# `base`, `big` and `llama_125m` (GQA, RoPE, SwiGLU) in bfloat16 with einsum
+# The GPU check, in one run (about 7 minutes on an H100 by the step times
+# of 2026-12-05; the steps' limits add up to 9): the cuDNN attention tests,
+# benchmarks/train_throughput.py for `base`, `big` and `llama_125m` (GQA,
+# RoPE, SwiGLU) in bfloat16 with einsum
 # and with cuDNN attention (MFU against the H100's and H200's 989 TFLOP/s
 # dense bf16 peak) and benchmarks/decode_throughput.py; one JSON of all
 # figures.
@@ -76,7 +77,8 @@ else
   attentions=(einsum fused)
   sizes=(--steps 2 --length 8)
   # base and big take minutes each to compile in bfloat16 on 2 CPU cores:
-  # the rehearsal runs the same code on the small model.
+  # the rehearsal runs the same code on the small model (and llama_125m,
+  # which compiles in seconds with scanned layers).
   train_rows=(small:--rows=2 llama_125m:--rows=2)
   decode=(--models small --engines jaxformer --batch 2 --source_len 8 --output_len 8
           --rounds 1)
