@@ -26,6 +26,7 @@ from jaxformer.data import labelled
 from jaxformer.data import sources
 from jaxformer.data import task_batches
 from jaxformer.data import tokenizer as tokenizer_lib
+from jaxformer.run import pretrained
 from jaxformer.run.metrics import read_metrics
 from jaxformer.run.trainer import Trainer
 from jaxformer.train import dev_metrics
@@ -167,7 +168,7 @@ def test_pair_tsv_batches_carry_the_token_types(data):
   root, paths = data
   config = load_config(CONFIGS['classification'], overrides(
       root, paths['classification'], 'classification'))
-  config, tokenizers = trained.pretrained_start(config)
+  config, tokenizers = pretrained.pretrained_start(config)
   batch = next(task_batches.eval_batches(config, *tokenizers, 'dev'))
   texts, labels = labelled.read_split(config.data, 'dev')
   assert isinstance(texts[0], tuple) and labels[0] in ('even', 'odd')
