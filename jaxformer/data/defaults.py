@@ -5,6 +5,16 @@ Kept apart from the pipeline so that loading a config needs no TensorFlow.
 import ml_collections
 
 
+# The keys of `data` with a fixed set of values (config validation).
+DATA_CHOICES = {
+    'source': ('builtin', 'tsv', 'files', 'tfds', 'text'),
+    'batching': ('pack', 'bucket'),
+    'tokenizer.type': ('bpe', 'unigram', 'char', 'word'),
+    'builtin.dataset': ('translation', 'number_parity', 'number_value',
+                        'sentences'),
+}
+
+
 def default_data_config() -> ml_collections.ConfigDict:
   """The `data` part of the training config, set up for the built-in dataset."""
   return ml_collections.ConfigDict(dict(
