@@ -77,6 +77,7 @@ class Trainer:
     self.share, self.token_cache = run.plan.share, run.token_cache
     self.evaluator = run.evaluator
     self.result: TrainResult | None = None
+    self.loop: Loop | None = None  # While `train()` runs.
     self.hooks = Hooks()
     self.hooks.add('eval', self._evaluate_and_save, every=config.eval.every)
     self.hooks.add('checkpoint', self._save, every=config.checkpoint.every)
