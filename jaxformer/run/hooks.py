@@ -1,10 +1,11 @@
 """What the training loop does at its boundaries, as named hooks.
 
 A boundary is a step after which the loop stops to look around: a multiple
-of some hook's `every`, a multiple of `train.log_every`, the run's last
-step, or a step after which a signal stops it. At every boundary the
-trainer writes the log window's metrics, then runs the hooks that are due,
-in the order they were added:
+of some hook's `every`, a multiple of `train.log_every`, the step where the
+time budget measures the speed, the run's last step, or a step after which
+a signal stops it. At every boundary the trainer writes the log window's
+metrics and lets the budget re-plan, then runs the hooks that are due, in
+the order they were added:
 
     trainer.hooks.add('ema_eval', evaluate_ema, every=config.ema.eval_every)
 
