@@ -60,8 +60,8 @@ def open_loop(config: ml_collections.ConfigDict, tokenizers, share: RowShare,
   plan = over_budget.start(start_step)
   train = config.train
   seconds_left = budget.wall_seconds_left if train.max_minutes else None
-  progress = Progress(plan[-1][1] if plan else train.num_steps, start_step, enabled=is_main,
-                      seconds_left=seconds_left)
+  progress = Progress(plan[-1][1] if plan else train.num_steps, start_step,
+                      enabled=is_main, seconds_left=seconds_left)
   peak_flops = log_window.peak_flops(train.peak_flops)
   return Loop(start_step, batches, writer, progress,
               peak_flops * jax.device_count(), seconds_left, over_budget,
