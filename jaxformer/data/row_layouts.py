@@ -130,7 +130,7 @@ def open_split(data_config: ml_collections.ConfigDict, split: str,
     key = cache.agree(f'token_cache/{split}/{encoding.name}' +
                       (f'/{name}' if name else ''), compute_key,
                       pattern=tokenizer_lib.SHA256)
-    process_count = max(process_count, cache.process_count)
+    process_count = max(process_count, cache.processes())
     cache = cache.directory
   else:
     key = compute_key()

@@ -180,3 +180,23 @@ def read_piece(data_config: ml_collections.ConfigDict, piece: Piece
     elif line.strip():
       yield number, records.json_record(line, piece.where, number)
 
+
+
+# The fields of a record read as a (source, target) pair: the first kind a
+# record has (a text alone is paired with '').
+PAIR_FIELDS = (('source', 'target'), ('prompt', 'response'),
+               ('text_a', 'text_b'), ('text', 'label'), ('text',))
+
+
+def iter_pairs(data_config: ml_collections.ConfigDict, split: str
+               ) -> Iterator[sources.Pair]:
+  """The examples of a 'jsonl' or 'parquet' split as (source, target)
+  pairs (PAIR_FIELDS), as `sources.iter_split` serves them."""
+  settings = data_config.get(data_config.source)
+  for piece in plan(data_config, split):
+    for number, record in read_piece(data_config, piece):
+      names = next((names for names in PAIR_FIELDS if all(
+          records.has_field(record, name, settings) for name in names)),
+                   ('text',))
+      texts = records.fields(record, names, settings, piece.where(number))
+      yield (texts + ('',))[:2]

@@ -143,7 +143,13 @@ class SharedCache:
   """
   directory: str
   agree: Callable[[str, Callable[[], str]], str]
-  process_count: int = 1  # the processes that tokenize a split's pieces
+  process_count: int = 0  # processes tokenizing a split; 0: JAX's count
+
+  def processes(self) -> int:
+    if self.process_count:
+      return self.process_count
+    import jax  # pylint: disable=g-import-not-at-top (a run's processes)
+    return jax.process_count()
 
 
 def _file_identity(path: str) -> list:
