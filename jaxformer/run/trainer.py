@@ -118,8 +118,7 @@ class Trainer:
     self.token_cache = token_cache_lib.directory(self.config.data,
                                                  self.workdir)
     if agree and self.token_cache:
-      self.token_cache = token_cache_lib.SharedCache(
-          self.token_cache, agree, jax.process_count())
+      self.token_cache = token_cache_lib.SharedCache(self.token_cache, agree)
     self.evaluator = Evaluator(self.spec, tokenizers, self.share,
                                self.token_cache)
     self._check_splits()
