@@ -106,11 +106,15 @@ def _size(path: str) -> int:
 
 
 def _lines_before(path: str, start: int) -> int:
-  """How many lines end before byte `start` of `path`."""
-  count, read = 0, 0
+  """How many lines of `path` start before the first line that starts at
+  or after byte `start` (the lines ending before byte start - 1, and the
+  one ending at or after it)."""
+  if start <= 0:
+    return 0
+  count, read = 1, 0
   with paths.open_bytes(path) as stream:
-    while read < start:
-      block = stream.read(min(1 << 24, start - read))
+    while read < start - 1:
+      block = stream.read(min(1 << 24, start - 1 - read))
       if not block:
         break
       count += block.count(b'\n')
