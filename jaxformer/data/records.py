@@ -88,7 +88,7 @@ def _lookup(record: dict, key: str):
   return value
 
 
-def _as_text(value, name: str, where: str, key: str) -> str:
+def _as_text(value, name: str, where: Callable[[], str], key: str) -> str:
   if isinstance(value, str):
     return value
   if name == LABEL and isinstance(value, (bool, int, float)):
@@ -99,7 +99,7 @@ def _as_text(value, name: str, where: str, key: str) -> str:
   wanted = 'a string, a number or a list of numbers' if name == LABEL else (
       'a string')
   raise sources.DataError(
-      f'{where}: field {key!r} ({name}) is a {type(value).__name__}, not '
+      f'{where()}: field {key!r} ({name}) is a {type(value).__name__}, not '
       f'{wanted}; fix the data or point data.<source>.{name} at another key')
 
 
@@ -114,8 +114,10 @@ def has_field(record: dict, name: str,
 
 
 def fields(record: dict, names: Sequence[str],
-           settings: ml_collections.ConfigDict, where: str) -> tuple[str, ...]:
-  """The texts of fields `names` of `record` (`where` names it)."""
+           settings: ml_collections.ConfigDict, where: Callable[[], str]
+           ) -> tuple[str, ...]:
+  """The texts of fields `names` of `record` (`where()` names it, asked
+  only for an error)."""
   texts = []
   for name in names:
     key = _key(settings, name, record)
@@ -123,7 +125,7 @@ def fields(record: dict, names: Sequence[str],
       value = _lookup(record, key)
     except KeyError:
       raise sources.DataError(
-          f'{where}: no field {key!r} ({name}); the record has '
+          f'{where()}: no field {key!r} ({name}); the record has '
           f'{sorted(record)[:8]}; set data.<source>.{name} to the key that '
           'holds it') from None
     texts.append(_as_text(value, name, where, key))

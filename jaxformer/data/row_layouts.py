@@ -182,7 +182,7 @@ def labels_of(data_config: ml_collections.ConfigDict) -> list[str]:
     for piece in source_pieces.plan(config, 'train'):
       for number, record in source_pieces.read_piece(config, piece):
         distinct.add(token_shards.columns_of(
-            record, encoding, config, piece.where(number))[1][-1])
+            record, encoding, config, lambda: piece.where(number))[1][-1])
   return label_vocabulary(distinct)
 
 

@@ -202,5 +202,6 @@ def iter_pairs(data_config: ml_collections.ConfigDict, split: str
       names = next((names for names in PAIR_FIELDS if all(
           records.has_field(record, name, settings) for name in names)),
                    ('text',))
-      texts = records.fields(record, names, settings, piece.where(number))
+      texts = records.fields(record, names, settings,
+                             lambda: piece.where(number))
       yield (texts + ('',))[:2]

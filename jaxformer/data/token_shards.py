@@ -71,9 +71,10 @@ def _npy_bytes(array: np.ndarray) -> bytes:
   return buffer.getvalue()
 
 
-def columns_of(record, encoding: Encoding, data_config, where: str
-                ) -> tuple[int, tuple[str, ...]]:
-  """(variant, texts) of a record: the `encoding.columns` entry it fits."""
+def columns_of(record, encoding: Encoding, data_config,
+               where: Callable[[], str]) -> tuple[int, tuple[str, ...]]:
+  """(variant, texts) of a record: the `encoding.columns` entry it fits
+  (`where()` names the record, asked only for an error)."""
   if isinstance(record, dict):
     settings = data_config.get(data_config.source)
     from jaxformer.data import records  # pylint: disable=g-import-not-at-top
@@ -89,7 +90,7 @@ def columns_of(record, encoding: Encoding, data_config, where: str
   wanted = ' or '.join("'" + '<TAB>'.join(names) + "'"
                        for names in encoding.columns)
   raise sources.DataError(
-      f'{where}: {len(record)} column(s); this task reads {wanted} lines, '
+      f'{where()}: {len(record)} column(s); this task reads {wanted} lines, '
       'with tabs between the columns and none inside them')
 
 
@@ -111,7 +112,7 @@ def encode_piece(data_config: ml_collections.ConfigDict,
 
   for number, record in source_pieces.read_piece(data_config, piece):
     kind, texts = columns_of(record, encoding, data_config,
-                              piece.where(number))
+                             lambda: piece.where(number))
     if variant is None:
       variant = kind
     elif kind != variant:
