@@ -25,7 +25,8 @@ through `pipeline`, so the training loop needs no task-specific code.
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+import dataclasses
+from collections.abc import Callable, Iterator
 
 import ml_collections
 import numpy as np
@@ -53,14 +54,14 @@ def task_table(config: ml_collections.ConfigDict, split: str,
   """A split of `config.task` as a table of rows (row_tables.py), read
   from the token cache `token_cache` (tokenized there first;
   None: a temporary folder)."""
-  if config.task not in ROW_LAYOUTS:
+  layout = ROW_LAYOUTS.get(config.task)
+  if layout is None:
     raise ValueError(f'task={config.task!r} has no row batches; it is '
                      'batched by jaxformer.data.pipeline')
   opened_split = lambda encoding: row_layouts.open_split(
       config.data, split, encoding, source_tok, token_cache,
       process_index=process_index, name=name)
-  table = ROW_LAYOUTS[config.task](config, split, source_tok, opened_split)
-  return table
+  return layout(config, split, source_tok, opened_split)
 
 
 def task_rows(config: ml_collections.ConfigDict, split: str,
@@ -157,22 +158,31 @@ def train_batches(config: ml_collections.ConfigDict,
                   source_tok: tokenizer_lib.Tokenizer,
                   target_tok: tokenizer_lib.Tokenizer, *, start_step: int = 0,
                   process_index: int = 0, share: RowShare = RowShare(),
-                  row_multiple: int = 1, token_cache: str | None = None
-                  ) -> Iterator[Batch]:
+                  row_multiple: int = 1, token_cache=None) -> Iterator[Batch]:
   """Training batches of `config.task`, from global batch `start_step` on,
-  the rows of `share` (process_index 0 writes the token cache);
+  the rows of `share`, tokenized into `token_cache` (a directory or a
+  `token_cache.SharedCache`; None: in memory or a temporary folder);
   'bucket' batches have a multiple of `row_multiple` rows, one example
-  each, and no '*_segment_ids' / '*_positions'. Translation tokenises into
-  `token_cache` (a directory; None: in memory). With a `data.mixture`,
+  each, and no '*_segment_ids' / '*_positions'. With a `data.mixture`,
   batches also hold 'source_counts' [sources] (`mixture.Tally`)."""
-  if config.task not in ROW_LAYOUTS:
-    batches = pipeline.translation_train_batches(
-        config.data, source_tok, target_tok, start_step=start_step,
-        process_index=process_index, share=share,
-        row_multiple=row_multiple, token_cache=token_cache)
-    if config.data.batching == 'bucket':
-      return map(_without_packing, batches)
-    return batches
+  return engine_of(config).train(
+      config, source_tok, target_tok, start_step=start_step,
+      process_index=process_index, share=share, row_multiple=row_multiple,
+      token_cache=token_cache)
+
+
+def _translation_train(config, source_tok, target_tok, *, row_multiple,
+                       **where) -> Iterator[Batch]:
+  batches = pipeline.translation_train_batches(
+      config.data, source_tok, target_tok, row_multiple=row_multiple, **where)
+  if config.data.batching == 'bucket':
+    return map(_without_packing, batches)
+  return batches
+
+
+def _rows_train(config, source_tok, target_tok, *, start_step, process_index,
+                share, row_multiple, token_cache) -> Iterator[Batch]:
+  del target_tok, row_multiple  # One tokenizer; rows need no multiple.
   mixture = mixture_lib.parse(config.data)
   if mixture is not None:
     mixture_lib.check_files(mixture)
@@ -201,7 +211,7 @@ def check_train_files(config: ml_collections.ConfigDict,
   set or not there, where this process reads them (translation with a
   shared token cache: process 0 alone)."""
   mixture = mixture_lib.parse(config.data)
-  shared = (config.task not in ROW_LAYOUTS and
+  shared = (engine_of(config).process_0_tokenizes and
             isinstance(token_cache, token_cache_lib.SharedCache))
   if mixture is not None and (process_index == 0 or not shared):
     mixture_lib.check_files(mixture)
@@ -231,8 +241,12 @@ def data_order(config: ml_collections.ConfigDict, row_shards: int) -> dict:
   batch_size) of the epoch's plan however processes, devices and
   microbatches split it. The process count never matters: a 'bucket'
   batch's examples are split over processes, padded with empty rows."""
-  if config.task in ROW_LAYOUTS or config.data.batching != 'bucket':
-    return {'batching': 'pack' if config.task not in ROW_LAYOUTS else 'rows'}
+  return engine_of(config).data_order(config, row_shards)
+
+
+def _translation_order(config, row_shards: int) -> dict:
+  if config.data.batching != 'bucket':
+    return {'batching': 'pack'}
   return {'batching': 'bucket',
           'row_multiple': row_multiple(config, row_shards),
           'row_shards': int(row_shards),
@@ -243,8 +257,15 @@ def train_batch_shapes(config: ml_collections.ConfigDict, row_shards: int = 1
                        ) -> list[tuple[int, int, int]]:
   """Every global training batch shape of `config` on a mesh of `row_shards`
   row shards, as (rows, source width, target width)."""
-  if config.task not in ROW_LAYOUTS:
-    return pipeline.batch_shapes(config.data, row_multiple(config, row_shards))
+  return engine_of(config).batch_shapes(config, row_shards)
+
+
+def _translation_shapes(config, row_shards: int) -> list[tuple[int, int, int]]:
+  return pipeline.batch_shapes(config.data, row_multiple(config, row_shards))
+
+
+def _rows_shapes(config, row_shards: int) -> list[tuple[int, int, int]]:
+  del row_shards  # Every batch has data.batch_size rows.
   return [(int(config.data.batch_size), config.data.max_source_length,
            config.data.max_target_length)]
 
@@ -291,11 +312,49 @@ def eval_batches(config: ml_collections.ConfigDict,
                  token_cache: str | None = None) -> Iterator[Batch]:
   """Evaluation batches of `config.task` over the whole `split`
   (`token_cache` as for `train_batches`)."""
-  if config.task not in ROW_LAYOUTS:
-    return pipeline.translation_eval_batches(
-        config.data, source_tok, target_tok, split,
-        process_index=process_index, share=share, token_cache=token_cache)
+  return engine_of(config).eval(config, source_tok, target_tok, split,
+                                process_index=process_index, share=share,
+                                token_cache=token_cache)
+
+
+def _translation_eval(config, source_tok, target_tok, split, **where
+                      ) -> Iterator[Batch]:
+  return pipeline.translation_eval_batches(config.data, source_tok,
+                                           target_tok, split, **where)
+
+
+def _rows_eval(config, source_tok, target_tok, split, *, process_index,
+               share, token_cache) -> Iterator[Batch]:
+  del target_tok  # One tokenizer.
   return row_eval_batches(
       task_table(config, split, source_tok, token_cache,
                  process_index=process_index), config.data.batch_size,
       share=share)
+
+
+@dataclasses.dataclass(frozen=True)
+class Engine:
+  """How one kind of task is batched: its training and evaluation batches,
+  their shapes, what their order depends on, and whether process 0 alone
+  tokenizes (else every process tokenizes its share of the input)."""
+  train: Callable[..., Iterator[Batch]]
+  eval: Callable[..., Iterator[Batch]]
+  batch_shapes: Callable[..., list]
+  data_order: Callable[..., dict]
+  process_0_tokenizes: bool
+
+
+TRANSLATION = Engine(_translation_train, _translation_eval,
+                     _translation_shapes, _translation_order, True)
+ROWS = Engine(_rows_train, _rows_eval, _rows_shapes,
+              lambda config, row_shards: {'batching': 'rows'}, False)
+# Each task's engine, by name (the data layer cannot import train/tasks.py).
+ENGINES = {'translation': TRANSLATION, **{task: ROWS for task in ROW_LAYOUTS}}
+
+
+def engine_of(config: ml_collections.ConfigDict) -> Engine:
+  engine = ENGINES.get(config.task)
+  if engine is None:
+    raise ValueError(f'task={config.task!r} has no batches; one of '
+                     f'{sorted(ENGINES)}')
+  return engine
