@@ -118,3 +118,27 @@ def test_pairs_need_a_response_and_a_known_layout():
                                 ['six', ''], 'dev', tok)
   with pytest.raises(sources.DataError, match="data.lm_rows='pairs'"):
     lm_rows.language_model_rows(_data('pairs'), ['one'], ['six'], 'dev', tok)
+
+
+def test_every_tokenizer_is_one_interface(own_tokenizer):
+  from jaxformer.data import vocab_tokenizer
+  from jaxformer.data.language_tokenizer import LanguageTokenizer
+  from jaxformer.data.tokenizer_protocol import TokenizerLike
+  pieces = [own_tokenizer.id_to_piece(i)
+            for i in range(own_tokenizer.vocab_size)]
+  pieces[:3] = ['<pad>', '</s>', '<unk>']
+  vocab = vocab_tokenizer.VocabTokenizer(own_tokenizer.sentencepiece_model,
+                                         pieces)
+  language = LanguageTokenizer(own_tokenizer, {'en': 40}, vocab_size=41,
+                               language='en')
+  hf = hf_tokenizer(with_bos=False)
+  for tok in (own_tokenizer, vocab, hf, language):
+    assert isinstance(tok, TokenizerLike), type(tok)
+  assert [t.first_token_is_input for t in (own_tokenizer, vocab, hf)] == [
+      False, False, True]
+  assert hf.eos_ids == (2,) and own_tokenizer.eos_ids == vocab.eos_ids == ()
+  assert own_tokenizer.hf_files() == {} and 'tokenizer.json' in hf.hf_files()
+  ids, types = own_tokenizer.encode_pairs([('one', 'it is six')])[0]
+  assert types[0] == 0 and types[-1] == 1 and len(ids) == len(types)
+  with pytest.raises(sources.DataError, match='encodes no sentence pairs'):
+    language.encode_pairs([('one', 'two')])
