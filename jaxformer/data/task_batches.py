@@ -11,7 +11,9 @@ pairs that `sources.read_split` reads.
                   prompt/response pair per row with 'targets_loss_mask'
                   (`data.lm_rows`, lm_rows.py).
 
-Each split becomes fixed-size rows once (numpy, no tf.data), so batch k of
+Each split is tokenized once into the token cache (row_layouts.py,
+token_shards.py: every process its share of the input), and its rows are
+made per batch from the memory-mapped shards (row_tables.py), so batch k of
 training is a pure function of (data, config, k): epoch e = k // batches per
 epoch visits the rows in a permutation seeded by (data.seed, e); the last
 batch of an epoch is completed with empty rows. Resuming at step k costs
@@ -19,8 +21,9 @@ nothing, and each process builds only its own rows of every global batch.
 Evaluation visits every row once in order, completed with empty rows that
 carry 'example_index' -1.
 
-`train_batches` / `eval_batches` take the whole config and serve translation
-through `pipeline`, so the training loop needs no task-specific code.
+`train_batches` / `eval_batches` take the whole config and serve every task
+through its engine (`ENGINES`: translation through `pipeline`), so the
+training loop needs no task-specific code.
 """
 
 from __future__ import annotations
