@@ -238,3 +238,38 @@ def test_eval_and_resumed_batches_read_the_cache(tmp_path, tok):
   assert sorted(seen[seen >= 0].tolist()) == list(range(
       len(lm_rows.pack_documents(lm_rows.document_ids(tok, TEXTS),
                                  12)['targets'])))
+
+
+def test_a_mixture_of_documents_resumes_bitwise_across_its_stages(tmp_path,
+                                                                  tok):
+  config = run_config('language_model', 'text',
+                      write_lines(tmp_path / 'a.txt', TEXTS[:60]),
+                      batch_size=4)
+  write_lines(tmp_path / 'b.txt', TEXTS[60:])
+  config.data.mixture.sources = [
+      {'name': 'a', 'source': 'text', 'text': {'train': str(tmp_path / 'a.txt')}},
+      {'name': 'b', 'source': 'text', 'text': {'train': str(tmp_path / 'b.txt')}}]
+  config.data.mixture.stages = [{'until_step': 6, 'weights': {'a': 1}},
+                                {'weights': {'a': 1, 'b': 3}}]
+  cache = str(tmp_path / 'cache')
+  batches = task_batches.train_batches(config, tok, tok, token_cache=cache)
+  first = [next(batches) for _ in range(40)]
+  assert first[0]['source_counts'].tolist() == [4, 0]
+  assert sum(b['source_counts'][1] for b in first[6:]) > 40
+  for start in (4, 6, 31):
+    resumed = task_batches.train_batches(config, tok, tok, start_step=start,
+                                         token_cache=cache)
+    for expected in first[start:start + 6]:
+      assert_same(next(resumed), expected)
+
+
+@pytest.mark.slow
+def test_a_pool_of_workers_writes_the_same_cache(tmp_path, tok):
+  config = run_config('language_model', 'text',
+                      write_lines(tmp_path / 'lm.txt', TEXTS))
+  encoding = row_layouts.ENCODINGS['lm_packed']
+  for name, workers in (('one', 1), ('pool', 2)):
+    _tokenize(config, tok, tmp_path / name, 'k' * 64, workers=workers)
+    token_shards.commit(config.data, 'train', encoding, str(tmp_path / name),
+                        'k' * 64, piece_bytes=1500)
+  assert cache_bytes(tmp_path / 'one') == cache_bytes(tmp_path / 'pool')
