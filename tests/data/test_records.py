@@ -159,3 +159,31 @@ def test_a_parquet_column_of_the_wrong_type_names_the_row_group(tmp_path,
   with pytest.raises(sources.DataError, match=r"bad.parquet, row group 0, "
                      r"row 1: field 'text' \(text\) is a int, not a string"):
     all_rows(config, tok, tmp_path / 'other')
+
+
+@pytest.mark.slow
+def test_a_language_model_trains_and_resumes_on_jsonl(tmp_path):
+  import os
+  from jaxformer.config.settings import load_config
+  from jaxformer.data import builtin
+  from jaxformer.run.trainer import train
+  texts = [s for s, _ in builtin.generate(600, 3, 'train')]
+  write_jsonl(tmp_path / 'train.jsonl.gz', [{'text': t} for t in texts[:500]],
+              compress=True)
+  write_jsonl(tmp_path / 'dev.jsonl', [{'text': t} for t in texts[500:]])
+
+  def run(steps):
+    config = load_config('configs/lm_quick.py:runlocal', [
+        'data.source=jsonl', f'data.jsonl.train={tmp_path}/train.jsonl.gz',
+        f'data.jsonl.dev={tmp_path}/dev.jsonl', f'train.num_steps={steps}',
+        'checkpoint.every=3', 'train.peak_flops=1e9',
+        'data.tokenizer.vocab_size=200'])
+    return train(config, str(tmp_path / 'run'))
+
+  run(3)
+  cache = tmp_path / 'run' / 'tokenizer' / 'token_cache'
+  folders = sorted(os.listdir(cache))
+  assert [f.split('-')[0] for f in folders] == ['dev', 'train']
+  final = run(6)
+  assert np.isfinite(final['eval_loss'])
+  assert sorted(os.listdir(cache)) == folders  # Read, not written again.
