@@ -46,7 +46,7 @@ def json_record(line: str, where: Callable[[int], str], number: int) -> dict:
 
 def _parquet_file(path: str):
   import pyarrow.parquet as pq  # Deferred: only Parquet sources need it.
-  with sources._storage_errors(path):  # pylint: disable=protected-access
+  with sources.storage_errors(path):
     stream = paths.open_bytes(path)
   try:
     return pq.ParquetFile(stream)

@@ -170,7 +170,7 @@ def read_piece(data_config: ml_collections.ConfigDict, piece: Piece
     yield from enumerate(sources.iter_split(data_config, piece.split),
                          start=1)
     return
-  with sources._storage_errors(piece.path):  # pylint: disable=protected-access
+  with sources.storage_errors(piece.path):
     paths.stat(piece.path)
   if source == 'parquet':
     yield from records.parquet_rows(piece.path, piece.row_group)

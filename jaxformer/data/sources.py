@@ -65,6 +65,8 @@ def _storage_errors(path: str):
                     f'{str(e).splitlines()[0] if str(e) else ""}') from None
 
 
+storage_errors = _storage_errors  # For the other readers of files.
+
 MAX_LINE_BYTES = 8 << 20
 LINE_BYTES_ENV = 'JAXFORMER_MAX_LINE_BYTES'
 MAX_FILE_BYTES = 64 << 20

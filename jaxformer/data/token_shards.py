@@ -36,6 +36,7 @@ from collections.abc import Callable, Sequence
 import ml_collections
 import numpy as np
 
+from jaxformer.data import records
 from jaxformer.data import source_pieces
 from jaxformer.data import sources
 from jaxformer.storage import paths
@@ -77,7 +78,6 @@ def columns_of(record, encoding: Encoding, data_config,
   (`where()` names the record, asked only for an error)."""
   if isinstance(record, dict):
     settings = data_config.get(data_config.source)
-    from jaxformer.data import records  # pylint: disable=g-import-not-at-top
     for variant, names in enumerate(encoding.columns):
       if all(records.has_field(record, n, settings) for n in names[:1]):
         return variant, records.fields(record, names, settings, where)
@@ -147,10 +147,9 @@ def encode_piece(data_config: ml_collections.ConfigDict,
 
 def _write_piece(task) -> None:
   """Tokenizes piece `number` into `folder` (a pool's task: a tuple)."""
-  data_config, pieces, number, encoding_name, tokenizer, folder, key = task
-  from jaxformer.data import row_layouts  # pylint: disable=g-import-not-at-top
-  files, record = encode_piece(data_config, pieces[number],
-                               row_layouts.ENCODINGS[encoding_name], tokenizer)
+  data_config, pieces, number, encoding, tokenizer, folder, key = task
+  files, record = encode_piece(data_config, pieces[number], encoding,
+                               tokenizer)
   sizes = {}
   for name, array in files.items():
     contents = _npy_bytes(array)
@@ -183,8 +182,8 @@ def tokenize(data_config: ml_collections.ConfigDict, split: str,
   todo = [number for number in range(process_index, len(pieces),
                                      process_count)
           if _finished(folder, number, key) is None]
-  tasks = [(data_config, pieces, number, encoding.name, tokenizer, folder,
-            key) for number in todo]
+  tasks = [(data_config, pieces, number, encoding, tokenizer, folder, key)
+           for number in todo]
   if workers > 1 and len(tasks) > 1:
     context = multiprocessing.get_context('spawn')
     with context.Pool(min(workers, len(tasks))) as pool:
