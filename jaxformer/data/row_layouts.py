@@ -238,23 +238,25 @@ def _document_rows(config, split, tokenizer, opened_split):
 
 
 def _label_maps(opened, config, split) -> list[np.ndarray]:
-  """Each shard's class id of its distinct labels (`label_ids`)."""
+  """Each shard's class id of its distinct labels; an unknown label is
+  refused as `label_ids` refuses it, naming its first example."""
   vocabulary = labels_of(config.data)
   pretrained = config.get('init', {}).get('pretrained', '')
-  maps = []
-  for shard, strings in enumerate(
-      token_shards.piece_strings(opened.manifest, 'label')):
-    try:
-      maps.append(label_ids(strings, vocabulary, split, pretrained))
-    except sources.DataError:
-      known = set(vocabulary)
-      column = opened.column('label')
-      before = sum(len(c) for c in column[:shard])
-      bad = next(i for i, s in enumerate(column[shard])
-                 if strings[s] not in known)
-      labels = [''] * (before + bad) + [strings[column[shard][bad]]]
-      label_ids(labels, vocabulary, split, pretrained)
-  return maps
+  shard_strings = token_shards.piece_strings(opened.manifest, 'label')
+  known = set(vocabulary)
+  unknown = sorted({s for strings in shard_strings for s in strings} - known)
+  if unknown:
+    column, before = opened.column('label'), 0
+    for strings, labels in zip(shard_strings, column):
+      bad = np.flatnonzero(np.isin(labels, [
+          i for i, s in enumerate(strings) if s not in known]))
+      if len(bad):
+        first = strings[labels[bad[0]]]
+        label_ids([vocabulary[0]] * int(before + bad[0]) + [first] + unknown,
+                  vocabulary, split, pretrained)
+      before += len(labels)
+  return [label_ids(strings, vocabulary, split, pretrained)
+          for strings in shard_strings]
 
 
 def _labelled(config, opened, **labels):

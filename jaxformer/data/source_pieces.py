@@ -54,10 +54,18 @@ class Piece:
     """'path:line' (or 'path, row group g, row r') of example `number`
     (1-based) of the piece."""
     if self.row_group >= 0:
-      return f'{self.path}, row group {self.row_group}, row {number}'
+      return f'{self.path}, {self.line(number)}'
+    if self.path == WHOLE:
+      return self.line(number)
+    return f'{self.path}:{_lines_before(self.path, self.start) + number}'
+
+  def line(self, number: int) -> str:
+    """'line n' (or 'row group g, row r', 'example n') of example `number`."""
+    if self.row_group >= 0:
+      return f'row group {self.row_group}, row {number}'
     if self.path == WHOLE:
       return f'example {number}'
-    return f'{self.path}:{_lines_before(self.path, self.start) + number}'
+    return f'line {_lines_before(self.path, self.start) + number}'
 
 
 def split_paths(data_config: ml_collections.ConfigDict, split: str

@@ -114,12 +114,13 @@ def encode_piece(data_config: ml_collections.ConfigDict,
     kind, texts = columns_of(record, encoding, data_config,
                              lambda: piece.where(number))
     if variant is None:
-      variant = kind
+      variant, first = kind, number
     elif kind != variant:
       raise sources.DataError(
-          f'{piece.where(number)}: {len(texts)} column(s), but the first '
-          f'example of {piece.path or "the split"} has '
-          f'{len(encoding.columns[variant])}; a file holds one kind of lines')
+          f'{piece.where(number)}: {len(texts)} column(s), but '
+          f'{piece.line(first)} has {len(encoding.columns[variant])}; a file '
+          'holds one kind of lines (a text and its label, or a sentence pair '
+          'and its label), not both (remove tabs inside texts)')
     chunk.append(texts)
     numbers.append(number)
     if len(chunk) == ENCODE_CHUNK:

@@ -273,3 +273,18 @@ def test_a_pool_of_workers_writes_the_same_cache(tmp_path, tok):
     token_shards.commit(config.data, 'train', encoding, str(tmp_path / name),
                         'k' * 64, piece_bytes=1500)
   assert cache_bytes(tmp_path / 'one') == cache_bytes(tmp_path / 'pool')
+
+
+def test_an_unknown_label_names_its_first_example_across_pieces(tmp_path,
+                                                                 tok):
+  labels = ['odd' if i % 3 else 'even' for i in range(len(TEXTS))]
+  labels[70], labels[90] = 'maybe', 'perhaps'
+  config = run_config('classification', 'tsv', write_lines(
+      tmp_path / 'dev.tsv', [f'{t}\t{l}' for t, l in zip(TEXTS, labels)]))
+  config.data.labels = ['even', 'odd']
+  config.init.pretrained = '/models/parity'
+  with pytest.raises(sources.DataError, match=r"the train split, example 71: "
+                     r"label 'maybe' is not one of the labels \['even', "
+                     r"'odd'\] of the pretrained model /models/parity; .*"
+                     r"\(2 unknown label\(s\)\)"):
+    all_rows(config, tok, tmp_path / 'cache')
