@@ -94,19 +94,36 @@ def columns_of(record, encoding: Encoding, data_config,
       'with tabs between the columns and none inside them')
 
 
+def _ragged(values: list, dtype) -> tuple[np.ndarray, np.ndarray]:
+  """(values end to end [total] dtype, lengths [examples] int32)."""
+  lengths = np.fromiter(map(len, values), np.int32, len(values))
+  return (np.fromiter((v for each in values for v in each), dtype,
+                      int(lengths.sum())), lengths)
+
+
 def encode_piece(data_config: ml_collections.ConfigDict,
                  piece: source_pieces.Piece, encoding: Encoding, tokenizer
                  ) -> tuple[dict[str, np.ndarray], dict]:
-  """(shard files {name: array}, record) of one piece."""
+  """(shard files {name: array}, record) of one piece; each chunk of
+  ENCODE_CHUNK examples becomes arrays at once (a piece's Python lists
+  would take ~20 times its tokens' bytes)."""
   dtype = token_dtype(tokenizer.vocab_size)
   parts = {name: [] for name in encoding.fields}
+  strings = {name: {} for name, kind in encoding.fields.items()
+             if kind == 'strings'}  # {text: index in order of appearance}
   variant, chunk, numbers = None, [], []
 
   def flush():
     where = lambda i: piece.where(numbers[i])
     encoded = encoding.encode(tokenizer, chunk, data_config, where)
-    for name in encoding.fields:
-      parts[name] += encoded[name]
+    for name, kind in encoding.fields.items():
+      if kind == 'strings':
+        index = strings[name]
+        parts[name].append(np.array(
+            [index.setdefault(text, len(index)) for text in encoded[name]],
+            np.int32))
+      else:
+        parts[name].append(_ragged(encoded[name], KINDS[kind] or dtype))
     chunk.clear()
     numbers.clear()
 
@@ -129,18 +146,20 @@ def encode_piece(data_config: ml_collections.ConfigDict,
     flush()
   files, record = {}, {'examples': 0, 'variant': variant, 'max_id': -1}
   for name, kind in encoding.fields.items():
-    values = parts[name]
-    record['examples'] = len(values)
     if kind == 'strings':
-      distinct = sorted(set(values))
-      index = {text: i for i, text in enumerate(distinct)}
-      files[name] = np.array([index[v] for v in values], np.int32)
+      distinct = sorted(strings[name])
+      order = np.array([distinct.index(text) for text in strings[name]],
+                       np.int32)
+      files[name] = order[np.concatenate(parts[name] or [
+          np.zeros(0, np.int32)])]
       record[f'{name}_strings'] = distinct
+      record['examples'] = len(files[name])
       continue
-    lengths = np.fromiter(map(len, values), np.int32, len(values))
-    flat = np.fromiter((v for each in values for v in each),
-                       KINDS[kind] or dtype, int(lengths.sum()))
-    files[name], files[f'{name}_lengths'] = flat, lengths
+    chunks = parts[name] or [_ragged([], KINDS[kind] or dtype)]
+    flat = np.concatenate([values for values, _ in chunks])
+    files[name] = flat
+    files[f'{name}_lengths'] = np.concatenate([lengths for _, lengths in chunks])
+    record['examples'] = len(files[f'{name}_lengths'])
     if kind == 'tokens' and len(flat):
       record['max_id'] = max(record['max_id'], int(flat.max()))
   return files, record
