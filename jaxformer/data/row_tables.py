@@ -88,7 +88,7 @@ class ShardedRagged:
     """The values [n] at positions `index` [n] of the shards end to end."""
     shard_of = np.searchsorted(self.value_starts, index, 'right') - 1
     values = np.empty(len(index), np.int32)
-    for shard in np.unique(shard_of):
+    for shard in np.flatnonzero(np.bincount(shard_of)):
       mine = shard_of == shard
       values[mine] = self.values[shard][index[mine] - self.value_starts[shard]]
     return self._checked(values)
@@ -98,7 +98,7 @@ class ShardedRagged:
     shard_of = np.searchsorted(self.value_starts, index, 'right') - 1
     example = np.empty(len(index), np.int64)
     start = np.empty(len(index), np.int64)
-    for shard in np.unique(shard_of):
+    for shard in np.flatnonzero(np.bincount(shard_of)):
       mine = shard_of == shard
       ends = self.ends(shard)
       local = index[mine] - self.value_starts[shard]
@@ -124,7 +124,11 @@ class PackedRows:
     positions = index[inside]
     row_start = positions // width * width
     document, document_start = self.documents.examples_at(positions)
-    first, _ = self.documents.examples_at(row_start)
+    real = chosen >= 0
+    first_of_row = np.zeros(len(chosen), np.int64)
+    first_of_row[real] = self.documents.examples_at(
+        chosen[real].astype(np.int64) * width)[0]
+    first = np.broadcast_to(first_of_row[:, None], index.shape)[inside]
     batch = {key: np.zeros((len(chosen), width), np.int32) for key in (
         'targets', 'targets_segment_ids', 'targets_positions')}
     batch['targets'][inside] = self.documents.flat(positions)
