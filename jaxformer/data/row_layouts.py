@@ -16,6 +16,7 @@ pieces) and opens it; with no cache directory, into a temporary folder.
 from __future__ import annotations
 
 import tempfile
+import time
 import weakref
 from collections.abc import Sequence
 
@@ -88,6 +89,18 @@ ENCODINGS = {encoding.name: encoding for encoding in (
 )}
 
 
+def _wait_for(path: str, seconds: float) -> None:
+  """Returns once another process wrote the piece record `path`."""
+  deadline = time.monotonic() + seconds
+  while not paths.exists(path):
+    if time.monotonic() > deadline:
+      raise TimeoutError(
+          f'waited {seconds:.0f}s for another process to tokenize its piece '
+          f'of the token cache ({path}); check the other processes\' logs, '
+          'or raise data.tokenizer.wait_seconds')
+    time.sleep(1)
+
+
 class _Holder:
   """Owns a temporary folder: removed when no table holds it."""
 
@@ -144,8 +157,7 @@ def open_split(data_config: ml_collections.ConfigDict, split: str,
         process_index=process_index, process_count=process_count,
         workers=int(data_config.get('tokenize_workers', 1)),
         piece_bytes=piece_bytes)
-    wait = lambda path: tokenizer_lib.wait_for_process_0(
-        path, wait_seconds, 'a piece of the token cache: ')
+    wait = lambda path: _wait_for(path, wait_seconds)
     if process_index == 0:
       token_shards.commit(data_config, split, encoding, folder, key,
                           piece_bytes=piece_bytes, wait=wait)

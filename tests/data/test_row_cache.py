@@ -288,3 +288,22 @@ def test_an_unknown_label_names_its_first_example_across_pieces(tmp_path,
                      r"'odd'\] of the pretrained model /models/parity; .*"
                      r"\(2 unknown label\(s\)\)"):
     all_rows(config, tok, tmp_path / 'cache')
+
+
+def test_process_0_waits_for_the_pieces_of_the_others(tmp_path, tok):
+  config = run_config('language_model', 'text',
+                      write_lines(tmp_path / 'lm.txt', TEXTS))
+  config.data.tokenizer.wait_seconds = 0.5
+  with pytest.raises(TimeoutError, match='another process to tokenize its '
+                     'piece of the token cache'):
+    row_layouts.open_split(config.data, 'train',
+                           row_layouts.ENCODINGS['lm_packed'], tok,
+                           str(tmp_path / 'cache'), process_count=2)
+  from jaxformer.data import token_cache
+  key = token_cache.rows_key(config.data, 'train', 'lm_packed', tok, 1500)
+  _tokenize(config, tok, _one_folder(tmp_path / 'cache'), key,
+            process_index=1, process_count=2)  # Process 1's share, late.
+  opened = row_layouts.open_split(config.data, 'train',
+                                  row_layouts.ENCODINGS['lm_packed'], tok,
+                                  str(tmp_path / 'cache'), process_count=2)
+  assert opened.ragged('text').num_examples == len(TEXTS)
