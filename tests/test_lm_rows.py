@@ -142,3 +142,27 @@ def test_every_tokenizer_is_one_interface(own_tokenizer):
   assert types[0] == 0 and types[-1] == 1 and len(ids) == len(types)
   with pytest.raises(sources.DataError, match='encodes no sentence pairs'):
     language.encode_pairs([('one', 'two')])
+
+
+@pytest.mark.parametrize('with_bos', [True, False])
+def test_cached_pair_rows_of_a_hugging_face_tokenizer_are_those_in_memory(
+    tmp_path, with_bos):
+  from jaxformer.data import task_batches
+  from jaxformer.data.defaults import default_data_config
+  tok = hf_tokenizer(with_bos)
+  pairs = [('what is two plus four ?', 'it is six'), ('one plus one', 'two'),
+           ('what is six', 'six')] * 5
+  path = tmp_path / 'chat.tsv'
+  path.write_text(''.join(f'{p}\t{r}\n' for p, r in pairs))
+  config = ml_collections.ConfigDict(dict(
+      task='language_model', model={}, init={}, data=default_data_config()))
+  config.data.update(source='tsv', lm_rows='prompt_response',
+                     max_target_length=6, token_cache_piece_bytes=64)
+  config.data.tsv.train = str(path)
+  table = task_batches.task_table(config, 'train', tok, str(tmp_path / 'c'))
+  rows = table.take(np.arange(table.num_rows))
+  expected = lm_rows.language_model_rows(
+      config.data, [p for p, _ in pairs], [r for _, r in pairs], 'train', tok)
+  assert sorted(rows) == sorted(expected)
+  for key in expected:
+    np.testing.assert_array_equal(rows[key], expected[key], err_msg=key)
