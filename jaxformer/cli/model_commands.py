@@ -108,6 +108,7 @@ def _bulk_translation(args, overrides):
   """(input files, the decoder of `translate --output`, the manifest's
   words on the model)."""
   from jaxformer.inference import bulk_decoders as decoders
+  from jaxformer.inference import provenance
   files = input_files(args.input)  # A bad glob fails before the model loads.
   model = load_translator(args, overrides)
   beam, alpha, extra = decode_choices(args, model.config)
@@ -118,13 +119,14 @@ def _bulk_translation(args, overrides):
       max_source_length=model.config.data.max_source_length,
       on_too_long=args.on_too_long)
   return (files, decoders.Translation(model, settings),
-          dict(model=args.workdir, step=model.step))
+          provenance.model_identity(model))
 
 
 def _bulk_generation(args, overrides):
   """(input files, the decoder of `generate --output`, the manifest's
   words on the model)."""
   from jaxformer.inference import bulk_decoders as decoders
+  from jaxformer.inference import provenance
   if args.num != 1:
     raise ValueError(f'--num {args.num} with --output: the file holds one '
                      'continuation per input line; repeat the lines in the '
@@ -138,7 +140,7 @@ def _bulk_generation(args, overrides):
       top_p=args.top_p, seed=args.seed, on_too_long=args.on_too_long,
       jsonl=args.jsonl)
   return (files, decoders.Generation(model, settings),
-          dict(model=args.workdir, step=model.step))
+          provenance.model_identity(model))
 
 
 def cmd_translate(args, overrides) -> int:
