@@ -18,13 +18,15 @@ def distributed_settings(overrides):
 
 
 def cmd_bulk(args, overrides, load) -> int:
-  """Every process decodes its share; process 0 writes --output. SIGTERM
+  """Every process decodes its share; process 0 writes --output, which it
+  holds (OUTPUT.lock) from start to end: a second run on it is refused,
+  naming this one. SIGTERM
   (in any process) commits what is done and ends every process with 0.
   load(args, overrides) -> (input files, bulk.Decoder, what the manifest
   says of the model): called once the distributed runtime is up."""
   import jax
   from jaxformer.inference import bulk
-  from jaxformer.parallel import cluster, peers
+  from jaxformer.parallel import cluster, peers, run_lock
   if not args.input:
     raise ValueError('--output needs --input FILE_OR_GLOB: every process '
                      'reads the input itself, which stdin cannot give them.')
@@ -42,9 +44,10 @@ def cmd_bulk(args, overrides, load) -> int:
     # each process on its own, and tells the others (bulk.Stop).
     signal.signal(signal.SIGTERM, request_stop)
     peers.watch_peers(settings.heartbeat_timeout)
-    files, decoder, description = load(args, overrides)
-    status, progress = bulk.decode_corpus(decoder, files, args.output,
-                                          description, stop)
+    with run_lock.one_writer(args.output + '.lock', f'--output {args.output}'):
+      files, decoder, description = load(args, overrides)
+      status, progress = bulk.decode_corpus(decoder, files, args.output,
+                                            description, stop)
   finally:
     signal.signal(signal.SIGTERM, previous)
   if jax.process_index() == 0:
