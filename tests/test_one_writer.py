@@ -140,3 +140,47 @@ def test_two_concurrent_bulk_runs_one_output(lm_export, prompts, tmp_path):
   assert f'--output {out} is in use by another run' in refused
   assert out.read_bytes() == solo.read_bytes()
   assert not (tmp_path / 'out.jsonl.parts').exists()
+
+
+TRAIN = ['--config', 'configs/quickstart.py:runlocal',
+         '--config.train.num_steps=12', '--config.eval.every=0',
+         '--config.eval.final_split=', '--config.eval.bleu_examples=0',
+         '--config.train.peak_flops=1e9', '--config.checkpoint.every=6']
+
+
+@pytest.mark.slow
+def test_two_concurrent_trainings_in_one_workdir(tmp_path):
+  """Two `jaxformer train` started together on one workdir (with other
+  learning rates): one is refused with 1 and writes nothing; the other's
+  checkpoints are those of the same run alone."""
+  import jax
+  import numpy as np
+  from jaxformer.checkpoints import trained
+  environment = dict(os.environ, PYTHONPATH=str(REPO))
+  workdir = tmp_path / 'shared'
+  runs = [subprocess.Popen(
+      [sys.executable, '-m', 'jaxformer', 'train', *TRAIN, '--workdir',
+       str(workdir), f'--config.train.learning_rate={rate}'],
+      env=environment, stderr=subprocess.PIPE, stdout=subprocess.DEVNULL,
+      text=True) for rate in (1e-3, 3e-3)]
+  errors = [r.communicate(timeout=900)[1] for r in runs]
+  codes = [r.returncode for r in runs]
+  assert sorted(codes) == [0, 1], errors
+  refused = errors[codes.index(1)]
+  assert f'--workdir {workdir} is in use by another run' in refused
+  rate = (1e-3, 3e-3)[codes.index(0)]
+  solo = tmp_path / 'solo'
+  subprocess.run([sys.executable, '-m', 'jaxformer', 'train', *TRAIN,
+                  '--workdir', str(solo),
+                  f'--config.train.learning_rate={rate}'],
+                 env=environment, check=True, capture_output=True,
+                 timeout=900)
+  metrics = lambda w: [json.loads(line) for line in  # noqa: E731
+                       (w / 'metrics.jsonl').read_text().splitlines()]
+  assert [m.get('step') for m in metrics(workdir)] == [
+      m.get('step') for m in metrics(solo)]
+  for step in (6, 12):
+    shared, alone = (trained.load(str(w), step).params for w in (workdir, solo))
+    assert jax.tree.all(jax.tree.map(
+        lambda a, b: np.array_equal(np.asarray(a), np.asarray(b)),
+        shared, alone))
