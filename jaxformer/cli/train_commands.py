@@ -15,11 +15,11 @@ def cmd_train(args, overrides) -> int:
   with StopRequested() as stop:  # A signal during setup ends it cleanly.
     config = load_config(args.config, overrides)
     cluster.initialize_distributed(config.distributed)
+    make_workdir(args.workdir)  # Names a missing bucket first.
     # One training per workdir: a second one (a requeued job while the
     # first lives) is refused, naming the first, before it writes.
     with run_lock.one_writer(paths.join(args.workdir, 'train.lock'),
                              f'--workdir {args.workdir}'):
-      make_workdir(args.workdir)
       trainer = Trainer(config, args.workdir)
       trainer.run(stop)
       if (not stop.signal_name and trainer.finished

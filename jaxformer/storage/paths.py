@@ -243,6 +243,21 @@ def _umask() -> int:
   return mask
 
 
+def readable_as_umask_allows(directory: str | os.PathLike) -> None:
+  """Gives a local `directory` and everything in it the modes the umask
+  allows (a temporary directory is made 0700, some writers' files 0600:
+  unreadable to a team sharing the filesystem); nothing for remote."""
+  if is_remote(directory):
+    return
+  mask = _umask()
+  os.chmod(directory, 0o777 & ~mask)
+  for root, folders, files in os.walk(directory):
+    for name in folders:
+      os.chmod(os.path.join(root, name), 0o777 & ~mask)
+    for name in files:
+      os.chmod(os.path.join(root, name), 0o666 & ~mask)
+
+
 PART_RECORDS = 64  # appends per object of a remote appendable file
 
 

@@ -179,3 +179,36 @@ def test_a_pytorch_model_bin_holding_a_list_is_one_line(folders, tmp_path,
   torch.save([1, 2, 3], folder / 'pytorch_model.bin')
   fails(capsys, folder, tmp_path / 'out',
         f'{folder}/pytorch_model.bin holds a list, not a state dict')
+
+
+def test_no_machine_path_in_any_file_of_an_import_or_export(folders, tmp_path,
+                                                            capsys):
+  """Every file of an import and of its Hugging Face export: no path of this machine (Orbax's commit markers included),
+  and readable by others as a 022 umask allows; --keep-provenance keeps
+  the folder's path."""
+  folder = tmp_path / 'folder'
+  shutil.copytree(folders / 'qwen2-mqa-tied-bf16', folder)
+  imported, hf = tmp_path / 'imported', tmp_path / 'hf'
+  previous = os.umask(0o022)
+  try:
+    for argv in (['import', '--from', str(folder), '--out', str(imported)],
+                 ['export', '--workdir', str(imported), '--format', 'hf',
+                  '--out', str(hf)]):
+      capsys.readouterr()
+      assert cli.main(argv) == 0, capsys.readouterr().err
+  finally:
+    os.umask(previous)
+  machine = [str(tmp_path).encode(), os.path.realpath(tmp_path).encode()]
+  files = [p for out in (imported, hf) for p in out.rglob('*')
+           if p.is_file()]
+  assert any(p.name == 'commit_success.txt' for p in files)
+  for path in files:
+    assert not any(m in path.read_bytes() for m in machine), path
+    assert path.stat().st_mode & 0o644 == 0o644, path
+  for out in (imported, hf):
+    assert out.stat().st_mode & 0o755 == 0o755, out
+  kept = tmp_path / 'kept'
+  assert cli.main(['import', '--from', str(folder), '--out', str(kept),
+                   '--keep-provenance']) == 0
+  assert any(str(folder).encode() in p.read_bytes()
+             for p in kept.rglob('*') if p.is_file())
