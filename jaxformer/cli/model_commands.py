@@ -203,14 +203,23 @@ def cmd_generate(args, overrides) -> int:
 
 
 def cmd_evaluate(args, overrides) -> int:
-  from jaxformer.inference import evaluate
+  """A training workdir's own data files are read (and named in the
+  report), an export's never (cli/workdir_data.py)."""
   from jaxformer.checkpoints import trained
-  model = load_translator(args, overrides)
+  from jaxformer.cli import workdir_data
+  from jaxformer.inference import evaluate
+  data = workdir_data.workdir_data(args.workdir, overrides)
+  model = load_translator(
+      args, [*overrides, *(f'--config.{k}={v}' for k, v in data.items())])
   scores, hypotheses = evaluate.decode_split(
       model.params, model.model_config, model.config, model.source_tok,
       model.target_tok, args.split, trained.local_mesh(),
       beam_size=args.beam, alpha=args.alpha)
   report = dict(scores, split=args.split)
+  read = {k: v for k, v in data.items()
+          if f'.{args.split}' in k or k.startswith('data.tfds.')}
+  if read:
+    report['data'] = read  # The workdir's files this command read.
   if args.hypotheses:
     paths.write_text(args.hypotheses, '\n'.join(hypotheses) + '\n')
     report['hypotheses'] = args.hypotheses
