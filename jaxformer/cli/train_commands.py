@@ -12,6 +12,7 @@ def cmd_train(args, overrides) -> int:
   from jaxformer.config.settings import load_config
   from jaxformer.parallel import cluster, run_lock
   from jaxformer.run.trainer import StopRequested, Trainer
+  from jaxformer.runtime import stop_clock
   with StopRequested() as stop:  # A signal during setup ends it cleanly.
     config = load_config(args.config, overrides)
     cluster.initialize_distributed(config.distributed)
@@ -22,6 +23,10 @@ def cmd_train(args, overrides) -> int:
                              f'--workdir {args.workdir}'):
       trainer = Trainer(config, args.workdir)
       trainer.run(stop)
+      if stop.signal_name:  # Its checkpoint is committed: exit promptly.
+        stop_clock.phase('run ended (checkpoint committed, goodput '
+                         'reported)')
+        stop_clock.bound_exit()
       if (not stop.signal_name and trainer.finished
           and trainer.task.translates):
         report_translation(trainer)

@@ -6,6 +6,7 @@ import jax
 
 from jaxformer.checkpoints import manager as checkpoint_lib
 from jaxformer.parallel import cluster
+from jaxformer.runtime import stop_clock
 
 
 class StopRequested:
@@ -22,6 +23,7 @@ class StopRequested:
   def __init__(self):
     self.signal_name = None
     self._agreed = False
+    self._at_logged = False
     self._previous = {}
 
   def __enter__(self):
@@ -43,8 +45,14 @@ class StopRequested:
   def at(self, step: int, checkpoints: checkpoint_lib.Checkpointer) -> bool:
     """Whether to save and stop after `step`; call once at every step."""
     if cluster.runtime_started() and checkpoints.reached_preemption(step):
+      if not self._agreed:
+        stop_clock.signalled('SIGTERM')  # JAX's service took it earlier.
       self.signal_name, self._agreed = 'Preemption notice (SIGTERM)', True
-    return self._agreed or self.signalled()
+    stopping = self._agreed or self.signalled()
+    if stopping and not self._at_logged:
+      self._at_logged = True
+      stop_clock.phase(f'step {step} finished; saving it')
+    return stopping
 
   def signalled(self) -> bool:
     """Whether a signal came in this process (no cross-process agreement:
@@ -54,6 +62,7 @@ class StopRequested:
   def _handle(self, signum, frame):
     del frame
     self.signal_name = signal.Signals(signum).name
+    stop_clock.signalled(self.signal_name)
 
   def __exit__(self, *exc):
     for sig, handler in self._previous.items():

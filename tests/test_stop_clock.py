@@ -1,0 +1,84 @@
+"""From SIGTERM to exit (jaxformer/runtime/stop_clock.py): each phase is
+timed on stderr under JAXFORMER_DEBUG, and once the stop's checkpoint is
+committed the rest (reports, Python's exit hooks: the distributed runtime,
+Orbax, tf.data threads) cannot hold the process past EXIT_SECONDS."""
+import os
+import pathlib
+import re
+import subprocess
+import sys
+import time
+
+import pytest
+
+from test_fault_tolerance import logged_steps
+from test_preemption import (SLACK_SECONDS, environment, fresh_workdir,
+                             send_sigterm, slow_reference, slow_run, started,
+                             step_seconds, stopped_at)
+
+__all__ = ['environment', 'slow_reference']
+
+REPO = pathlib.Path(__file__).resolve().parents[1]
+
+STUCK_EXIT = '''
+import atexit, time
+from jaxformer.cli import exiting
+from jaxformer.runtime import stop_clock
+stop_clock.signalled('SIGTERM')
+atexit.register(time.sleep, 600)  # An exit hook that never ends.
+stop_clock.phase('run ended (checkpoint committed, goodput reported)')
+stop_clock.bound_exit(2)
+exiting.exit_process(0)
+'''
+
+
+def test_an_exit_hook_cannot_hold_the_process_past_the_bound():
+  start = time.monotonic()
+  result = subprocess.run(
+      [sys.executable, '-c', STUCK_EXIT], capture_output=True, text=True,
+      timeout=120, env=dict(os.environ, PYTHONPATH=str(REPO),
+                            JAXFORMER_DEBUG='1'))
+  assert result.returncode == 0, result.stderr
+  assert time.monotonic() - start < 60
+  lines = result.stderr.strip().splitlines()
+  assert re.fullmatch(r'jaxformer: SIGTERM \+\d+\.\d\d s: run ended '
+                      r'\(checkpoint committed, goodput reported\)', lines[0])
+  assert lines[1].startswith('jaxformer: SIGTERM +')
+  assert lines[1].endswith(': exit hooks (the runtime, Orbax, tf.data '
+                           'threads)')
+  assert lines[2] == ('jaxformer: exiting took over 2 s after the checkpoint '
+                      'was committed (in: exit hooks (the runtime, Orbax, '
+                      'tf.data threads)); ending the process.')
+
+
+# The moments a signal falls: after the first step, at a log boundary, in
+# an evaluation.
+MOMENTS = {
+    'a step': ((), lambda run, workdir: started(run)),
+    'a log boundary': (('train.log_every=2',),
+                       lambda run, workdir: 2 in logged_steps(workdir)),
+    'an evaluation': (('eval.every=3', 'eval.bleu_examples=40'),
+                      lambda run, workdir: 3 in logged_steps(workdir)),
+}
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize('moment', MOMENTS)
+def test_each_phase_from_sigterm_to_exit_is_timed_and_bounded(
+    tmp_path, environment, slow_reference, moment):
+  overrides, ready = MOMENTS[moment]
+  workdir = fresh_workdir(tmp_path, slow_reference)
+  run = slow_run(workdir, dict(environment, JAXFORMER_DEBUG='1'), *overrides)
+  run.wait_until(lambda: ready(run, workdir), moment)
+  code, seconds = send_sigterm(run)
+  assert code == 0, run.output()
+  stopped_at(run)
+  phases = re.findall(r'jaxformer: SIGTERM \+(\d+\.\d\d) s: (.*)',
+                      run.output())
+  names = [name for _, name in phases]
+  assert names[0].endswith('finished; saving it'), names
+  assert names[1:3] == ['run ended (checkpoint committed, goodput reported)',
+                        'exit hooks (the runtime, Orbax, tf.data threads)']
+  times = [float(t) for t, _ in phases]
+  assert times == sorted(times)
+  assert seconds < 2 * step_seconds(slow_reference) + SLACK_SECONDS
