@@ -202,7 +202,7 @@ def test_input_equal_to_output_is_refused(lm_export, prompts, capfd):
   assert status == 1
   assert f'--output {prompts} is also an --input file' in errors
   assert prompts.read_bytes() == before
-  assert not os.path.exists(f'{prompts}.parts')
+  assert sorted(os.listdir(prompts.parent)) == ['prompts.txt']
 
 
 def test_chunk_files_are_synced_and_outputs_readable_as_the_umask_allows(

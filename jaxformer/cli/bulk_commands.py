@@ -30,6 +30,10 @@ def cmd_bulk(args, overrides, load) -> int:
   if not args.input:
     raise ValueError('--output needs --input FILE_OR_GLOB: every process '
                      'reads the input itself, which stdin cannot give them.')
+  from jaxformer.cli import model_commands
+  # Before the lock (OUTPUT.lock): a refused command leaves nothing.
+  bulk.check_not_an_input(model_commands.input_files(args.input),
+                          args.output)
   stop = bulk.Stop()
 
   def request_stop(signum, frame):
