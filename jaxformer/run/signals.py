@@ -48,16 +48,26 @@ class StopRequested:
       if not self._agreed:
         stop_clock.signalled('SIGTERM')  # JAX's service took it earlier.
       self.signal_name, self._agreed = 'Preemption notice (SIGTERM)', True
-    stopping = self._agreed or self.signalled()
-    if stopping and not self._at_logged:
-      self._at_logged = True
-      stop_clock.phase(f'step {step} finished; saving it')
+    stopping = self._agreed or self._here()
+    if stopping:
+      self._note(f'step {step} finished; saving it')
     return stopping
 
   def signalled(self) -> bool:
     """Whether a signal came in this process (no cross-process agreement:
     for a stop between two calls of `at`, such as during an evaluation)."""
+    if self._here():
+      self._note('the evaluation in progress finished; saving its step')
+    return self._here()
+
+  def _here(self) -> bool:
     return jax.process_count() == 1 and self.signal_name is not None
+
+  def _note(self, phase: str) -> None:
+    """The first phase of the stop, timed (runtime/stop_clock.py)."""
+    if not self._at_logged:
+      self._at_logged = True
+      stop_clock.phase(phase)
 
   def _handle(self, signum, frame):
     del frame
