@@ -63,7 +63,7 @@ def test_a_dead_holders_lock_is_taken_over(tmp_path):
 def test_a_second_bulk_run_on_the_same_output_is_refused(
     lm_export, prompts, tmp_path, capfd):
   out = tmp_path / 'out.jsonl'
-  lock = f'{out}.lock'
+  lock = str(tmp_path / '.out.jsonl.lock')
   with run_lock.one_writer(lock, f'--output {out}'):
     status, _, errors = run(capfd, *generate_command(lm_export[0], prompts,
                                                      out))
@@ -71,7 +71,7 @@ def test_a_second_bulk_run_on_the_same_output_is_refused(
   assert errors.strip().splitlines()[-1].startswith(
       f'jaxformer generate: error: ' + refusal(f'--output {out}', lock,
                                                os.getpid()))
-  assert sorted(os.listdir(tmp_path)) == ['out.jsonl.lock']
+  assert sorted(os.listdir(tmp_path)) == ['.out.jsonl.lock']
   assert run(capfd, *generate_command(lm_export[0], prompts, out))[0] == 0
 
 

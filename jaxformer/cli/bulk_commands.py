@@ -17,9 +17,17 @@ def distributed_settings(overrides):
                                    chosen).distributed
 
 
+def lock_of(output: str) -> str:
+  """The lock of --output OUTPUT: the hidden file (local, where it stays)
+  or object (gs://, removed at the end) `.OUTPUT.lock` beside it."""
+  from jaxformer.storage import paths
+  return paths.join(paths.parent(output),
+                    f'.{output.rstrip("/").rsplit("/", 1)[-1]}.lock')
+
+
 def cmd_bulk(args, overrides, load) -> int:
   """Every process decodes its share; process 0 writes --output, which it
-  holds (OUTPUT.lock) from start to end: a second run on it is refused,
+  holds (`lock_of`) from start to end: a second run on it is refused,
   naming this one. SIGTERM
   (in any process) commits what is done and ends every process with 0.
   load(args, overrides) -> (input files, bulk.Decoder, what the manifest
@@ -31,7 +39,7 @@ def cmd_bulk(args, overrides, load) -> int:
     raise ValueError('--output needs --input FILE_OR_GLOB: every process '
                      'reads the input itself, which stdin cannot give them.')
   from jaxformer.cli import model_commands
-  # Before the lock (OUTPUT.lock): a refused command leaves nothing.
+  # Before the lock (`lock_of`): a refused command leaves nothing.
   bulk.check_not_an_input(model_commands.input_files(args.input),
                           args.output)
   stop = bulk.Stop()
@@ -48,7 +56,7 @@ def cmd_bulk(args, overrides, load) -> int:
     # each process on its own, and tells the others (bulk.Stop).
     signal.signal(signal.SIGTERM, request_stop)
     peers.watch_peers(settings.heartbeat_timeout)
-    with run_lock.one_writer(args.output + '.lock', f'--output {args.output}'):
+    with run_lock.one_writer(lock_of(args.output), f'--output {args.output}'):
       files, decoder, description = load(args, overrides)
       status, progress = bulk.decode_corpus(decoder, files, args.output,
                                             description, stop)
