@@ -132,9 +132,9 @@ def test_another_target_language_is_refused(lm_export, prompts, tmp_path):
   parts made for one are not joined with another's."""
   model = load(lm_export[0])
   out = str(tmp_path / 'out.jsonl')
-  with_language = lambda code: dataclasses.replace(  # noqa: E731
+  german, french = (dataclasses.replace(
       model, config=model.config.copy_and_resolve_references())
-  german, french = with_language('de'), with_language('fr')
+                     for _ in range(2))
   german.config.data.target_lang, french.config.data.target_lang = 'de', 'fr'
   identity = provenance.model_identity(german)
   assert identity['target_lang'] == 'de'
