@@ -23,7 +23,7 @@ from typing import Callable
 import numpy as np
 
 from jaxformer.data import vocab_tokenizer
-from jaxformer.interop import bart_weights, folders
+from jaxformer.interop import bart_weights, config_bounds, folders
 from jaxformer.interop import weight_table as weight_table_lib
 from jaxformer.interop.weight_table import Tensor, tensor
 from jaxformer.model.config import ModelConfig
@@ -48,6 +48,9 @@ class MarianImportError(InteropError):
 
 
 def _read_config(folder: str) -> dict:
+  """config.json, its sizes checked against the weights and the folder
+  against links out of it (config_bounds.py)."""
+  config_bounds.check_links(folder, MarianImportError)
   path = os.path.join(folder, 'config.json')
   if not os.path.isfile(path):
     raise MarianImportError(f'{folder} is not a Hugging Face Marian folder: no '
@@ -60,6 +63,7 @@ def _read_config(folder: str) -> dict:
   if config.get('model_type') != 'marian':
     raise MarianImportError(f'{path}: model_type is {config.get("model_type")!r}, '
                        "not 'marian'; only Marian (OPUS-MT) models import")
+  config_bounds.check_sizes(folder, config, MarianImportError)
   return config
 
 

@@ -196,9 +196,9 @@ class Trainer:
       self._log(boundary, window)
       if self._replanned(boundary):
         step_fn = self._compiled_step(shardings)
-      self.hooks.run(boundary)
+      ran = self.hooks.run(boundary)
       # A signal during the hooks (an evaluation) stops here, saved.
-      stopping = boundary.stopping or stop.signalled()
+      stopping = boundary.stopping or (bool(ran) and stop.signalled())
       if out_of_time and not stopping:
         self.loop.progress.log(
             f'step {step}: the {self.config.train.max_minutes:g}-minute '
