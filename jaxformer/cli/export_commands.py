@@ -1,12 +1,13 @@
 """The commands that write a model in another form: average, export and
 import."""
 from jaxformer.cli.arguments import NON_NEGATIVE_INT, POSITIVE_INT, path
+from jaxformer.cli.model_commands import add_weights_arg
 
 
 def cmd_average(args, overrides) -> int:
   from jaxformer.checkpoints import trained
   steps = trained.average(args.workdir, args.last, args.out,
-                          args.keep_provenance)
+                          args.keep_provenance, args.weights)
   print(f'Wrote the mean parameters of steps {steps} to {args.out}; use it '
         f'like a workdir: jaxformer translate --workdir {args.out}')
   return 0
@@ -31,11 +32,11 @@ def cmd_export(args, overrides) -> int:
   from jaxformer.checkpoints import trained
   if args.format == 'jaxformer':
     step = trained.export(args.workdir, args.out, args.checkpoint,
-                          args.keep_provenance)
+                          args.keep_provenance, args.weights)
     print(f'Wrote the parameters of step {step} to {args.out}; use it like a '
           f'workdir: jaxformer translate --workdir {args.out}')
     return 0
-  model = trained.load(args.workdir, args.checkpoint)
+  model = trained.load(args.workdir, args.checkpoint, args.weights)
   print(_export_other_format(model, args))
   return 0
 
@@ -163,6 +164,7 @@ def add_parsers(commands) -> None:
                        help='how many of the newest checkpoints (default 5)')
   average.add_argument('--out', required=True, type=path,
                        help='directory to create for the export')
+  add_weights_arg(average)
   add_provenance_arg(average)
   average.set_defaults(run=cmd_average)
 
@@ -186,6 +188,7 @@ def add_parsers(commands) -> None:
   export.add_argument('--quantization', default=None,
                       help='ct2 weights: int8, int8_float32, bfloat16 or '
                       'float16 (default: float32)')
+  add_weights_arg(export)
   add_provenance_arg(export)
   export.set_defaults(run=cmd_export)
 

@@ -54,7 +54,8 @@ def load_trained(args, overrides):
   from jaxformer.config import settings as config_lib
   from jaxformer.checkpoints import trained
   from jaxformer.data import language_tokenizer
-  model = trained.load(args.workdir, args.checkpoint)
+  model = trained.load(args.workdir, args.checkpoint,
+                       getattr(args, 'weights', None))
   saved = config_lib.trained_model_config(model.config)
   overrides = [*overrides, *language_overrides(args)]
   config = path_keys.resolve_paths(
@@ -208,7 +209,7 @@ def cmd_evaluate(args, overrides) -> int:
       model.params, model.model_config, model.config, model.source_tok,
       model.target_tok, args.split, trained.local_mesh(),
       beam_size=args.beam, alpha=args.alpha)
-  report = dict(scores, split=args.split)
+  report = dict(scores, split=args.split, weights=model.weights)
   if args.hypotheses:
     paths.write_text(args.hypotheses, '\n'.join(hypotheses) + '\n')
     report['hypotheses'] = args.hypotheses
@@ -273,6 +274,14 @@ def add_model_args(p, overrides=True):
                  help='a training workdir')
   p.add_argument('--checkpoint', type=NON_NEGATIVE_INT, default=None,
                  help='step to use (default: the latest)')
+  add_weights_arg(p)
+
+
+def add_weights_arg(p) -> None:
+  p.add_argument('--weights', choices=('ema', 'raw'), default=None,
+                 help='the moving average of the parameters (ema) or the '
+                 'parameters (raw); default: ema where the run keeps one '
+                 '(train.ema_decay > 0)')
 
 
 def add_output_args(p, what: str, batches: str) -> None:

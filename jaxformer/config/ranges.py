@@ -96,6 +96,7 @@ RANGES = {
     'train.eps': ABOVE_ZERO,
     'train.weight_decay': NON_NEGATIVE,
     'train.grad_clip_norm': NON_NEGATIVE,
+    'train.ema_decay': PROBABILITY,  # 0: no moving average
     'train.label_smoothing': PROBABILITY,
     'train.grad_accum_steps': POSITIVE,
     'train.log_every': POSITIVE,

@@ -10,6 +10,7 @@ from flax import linen as nn
 from jax.sharding import Mesh
 
 from jaxformer.parallel import mesh as mesh_lib
+from jaxformer.train import ema as ema_lib
 from jaxformer.train import loss as losses
 from jaxformer.train.state import TrainState
 
@@ -36,7 +37,7 @@ def _select(pred, on_true, on_false):
 def train_step(state: TrainState, batch: dict[str, jax.Array], *, task, model,
                tx: optax.GradientTransformation, schedule: optax.Schedule,
                label_smoothing: float, grad_accum_steps: int, prng_impl: str,
-               param_shardings: Any = None
+               param_shardings: Any = None, ema_decay: float = 0.0
                ) -> tuple[TrainState, dict[str, jax.Array]]:
   """One optimizer update from a global batch.
 
@@ -48,6 +49,8 @@ def train_step(state: TrainState, batch: dict[str, jax.Array], *, task, model,
   divided once by their global count, so k microbatches give the update of
   one batch k times larger. A non-finite loss or gradient leaves the state
   unchanged (metrics['finite'] = 0); the loop decides to stop or skip.
+  A state that keeps a moving average of the parameters (`state.ema`)
+  updates it with `ema_decay` (`train/ema.py`).
   """
   step_key = jax.random.fold_in(
       jax.random.wrap_key_data(state.rng, impl=prng_impl), state.step)
@@ -94,7 +97,10 @@ def train_step(state: TrainState, batch: dict[str, jax.Array], *, task, model,
   new_state = state.replace(step=state.step + 1,
                             params=_select(finite, params, state.params),
                             opt_state=_select(finite, opt_state,
-                                              state.opt_state))
+                                              state.opt_state),
+                            ema=_select(finite, ema_lib.updated(
+                                state.ema, params, ema_decay, state.step),
+                                        state.ema))
   metrics.update(grad_norm=grad_norm, learning_rate=schedule(state.step),
                  finite=finite.astype(jnp.float32))
   return new_state, metrics
