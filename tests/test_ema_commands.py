@@ -2,63 +2,32 @@
 `average` write it, `translate` and `evaluate` use it where a run keeps one
 (`--weights ema|raw`), and training evaluates it beside the parameters."""
 import json
-import pathlib
 
 import jax
 import numpy as np
 import pytest
 
-from jaxformer.checkpoints import manager as checkpoint_lib
 from jaxformer.checkpoints import trained
 from jaxformer.cli import main as cli
-from jaxformer.config.settings import default_config, load_config
-from jaxformer.data import builtin
-from jaxformer.data import tokenizer as tokenizer_lib
-from jaxformer.model import config as model_config_lib
-from jaxformer.parallel import mesh as mesh_lib
 from jaxformer.run.metrics import read_metrics
-from jaxformer.train import schedule as schedules
-from jaxformer.train.run_spec import with_vocabulary
-from jaxformer.train.state import create_train_state
-from jaxformer.train.tasks import get_task
 
-CONFIG = str(pathlib.Path(__file__).resolve().parents[1] / 'configs'
-             / 'quickstart.py') + ':runlocal'
-
-
-def as_numpy(tree):
-  return jax.tree.map(np.asarray, jax.device_get(tree))
+import random_run
+from random_run import CONFIG, as_numpy
 
 
 @pytest.fixture(scope='module')
 def run(tmp_path_factory):
   """A workdir whose steps 1 and 2 keep an average that differs from the
   parameters (average = parameters + step); returns (workdir, parameters)."""
-  texts = [text for pair in builtin.generate(300, 0, 'train') for text in pair]
-  tok_config = default_config().data.tokenizer
-  tok_config.vocab_size = 128
-  tokenizer = tokenizer_lib.train_tokenizer(
-      texts, str(tmp_path_factory.mktemp('tokenizer') / 'joint'), tok_config)
-  config = with_vocabulary(load_config(CONFIG), tokenizer, tokenizer)
-  config.train.ema_decay = 0.99
-  config.data.builtin.num_test = 4
-  task = get_task(config.task)
-  tx = schedules.make_optimizer(config.train, schedules.make_schedule(
-      config.train, config.model.d_model))
-  state = create_train_state(
-      task, task.model(model_config_lib.from_config_dict(config.model)), tx,
-      task.example_batch(config), mesh_lib.make_mesh({'data': -1}),
-      config.mesh.axis_rules, seed=0, ema_decay=0.99)
-  workdir = tmp_path_factory.mktemp('ema_run')
-  checkpoints = checkpoint_lib.Checkpointer(str(workdir),
-                                            default_config().checkpoint)
-  checkpoints.set_extra(config, [tokenizer])
-  for step in (1, 2):
-    checkpoints.save(step, state.replace(ema=jax.tree.map(
-        lambda e: e + step, state.ema)), {'loss': 1.0})
-  checkpoints.wait()
-  checkpoints.close()
-  return str(workdir), as_numpy(state.params)
+  tok = random_run.tokenizer(tmp_path_factory.mktemp('tokenizer'))
+  config = random_run.config_for(tok, ema_decay=0.99)
+  state = random_run.random_state(config)
+  workdir = random_run.save_steps(
+      tmp_path_factory.mktemp('ema_run'), config, tok,
+      {step: state.replace(ema=jax.tree.map(lambda e, s=step: e + s,
+                                            state.ema))
+       for step in (1, 2)})
+  return workdir, as_numpy(state.params)
 
 
 def assert_params(got, want, shift: float):

@@ -6,6 +6,7 @@ import sys
 
 from jaxformer.cli.arguments import (NON_NEGATIVE_FLOAT, NON_NEGATIVE_INT,
                                      POSITIVE_INT, number, path)
+from jaxformer.cli import translation_flags
 from jaxformer.storage import paths
 
 
@@ -117,7 +118,7 @@ def _bulk_translation(args, overrides):
       invalid_utf8=args.invalid_utf8, beam_size=beam, alpha=alpha,
       max_extra_len=extra,
       max_source_length=model.config.data.max_source_length,
-      on_too_long=args.on_too_long)
+      on_too_long=args.on_too_long, target_prefix=args.target_prefix or '')
   return (files, decoders.Translation(model, settings),
           dict(model=args.workdir, step=model.step))
 
@@ -143,6 +144,7 @@ def _bulk_generation(args, overrides):
 
 
 def cmd_translate(args, overrides) -> int:
+  prefixes = translation_flags.prefixes(args)
   if args.output:
     from jaxformer.cli import bulk_commands
     return bulk_commands.cmd_bulk(args, overrides, _bulk_translation)
@@ -156,7 +158,7 @@ def cmd_translate(args, overrides) -> int:
       stream, beam_size=beam,
       alpha=alpha, max_extra_len=extra, batch_size=args.batch_size,
       max_source_length=config.data.max_source_length,
-      on_too_long=args.on_too_long,
+      on_too_long=args.on_too_long, prefixes=prefixes,
       warn=lambda text: print(text, file=sys.stderr)):
     print(line, flush=True)
   return 0
@@ -312,6 +314,7 @@ def add_parsers(commands) -> None:
   translate.add_argument('--batch-size', type=POSITIVE_INT, default=32)
   translate.add_argument('--on-too-long', choices=('truncate', 'error'),
                          default='truncate')
+  translation_flags.add_prefix_args(translate)
   translate.set_defaults(run=cmd_translate)
 
   predict = commands.add_parser(

@@ -49,10 +49,7 @@ def default_config() -> ml_collections.ConfigDict:
       weight_decay=0.0,  # > 0: AdamW
       grad_clip_norm=0.0,  # 0: no clipping
       label_smoothing=0.1,
-      # > 0: keep a moving average of the parameters with this decay
-      # (warmed up as min(decay, (1 + step) / (10 + step)); train/ema.py),
-      # evaluated beside them (eval_ema_*) and used by the commands.
-      ema_decay=0.0,
+      ema_decay=0.0,  # > 0: an average of the parameters (train/ema.py)
       grad_accum_steps=1,
       prng_impl='threefry2x32',  # threefry2x32 | rbg | unsafe_rbg
       nan_policy='stop',  # stop | skip (non-finite steps are not applied)
