@@ -1,6 +1,6 @@
 """The commands that use a trained model (a training workdir or an
-export): translate, predict, generate, evaluate, attention; and curves,
-which plots a workdir's metrics."""
+export): translate, predict, generate, evaluate (attention and curves,
+which draw pictures: `plot_commands.py`)."""
 import json
 import sys
 
@@ -145,21 +145,25 @@ def _bulk_generation(args, overrides):
 
 def cmd_translate(args, overrides) -> int:
   prefixes = translation_flags.prefixes(args)
+  members = translation_flags.ensemble(args, overrides, load_translator)
   if args.output:
     from jaxformer.cli import bulk_commands
     return bulk_commands.cmd_bulk(args, overrides, _bulk_translation)
-  from jaxformer.inference import evaluate
-  model = load_translator(args, overrides)
+  from jaxformer.inference import ensemble, evaluate
+  model = members[0] if members else load_translator(args, overrides)
   config = model.config
   stream = input_lines(args)
   beam, alpha, extra = decode_choices(args, config)
-  for line in evaluate.translate(
-      model.params, model.model_config, model.source_tok, model.target_tok,
-      stream, beam_size=beam,
-      alpha=alpha, max_extra_len=extra, batch_size=args.batch_size,
+  settings = dict(
+      beam_size=beam, alpha=alpha, max_extra_len=extra,
+      batch_size=args.batch_size,
       max_source_length=config.data.max_source_length,
       on_too_long=args.on_too_long, prefixes=prefixes,
-      warn=lambda text: print(text, file=sys.stderr)):
+      warn=lambda text: print(text, file=sys.stderr))
+  for line in (ensemble.translate(members, stream, **settings) if members
+               else evaluate.translate(model.params, model.model_config,
+                                       model.source_tok, model.target_tok,
+                                       stream, **settings)):
     print(line, flush=True)
   return 0
 
@@ -204,67 +208,22 @@ def cmd_generate(args, overrides) -> int:
 
 
 def cmd_evaluate(args, overrides) -> int:
-  from jaxformer.inference import evaluate
+  from jaxformer.inference import ensemble, evaluate
   from jaxformer.checkpoints import trained
-  model = load_translator(args, overrides)
-  scores, hypotheses = evaluate.decode_split(
+  members = translation_flags.ensemble(args, overrides, load_translator)
+  model = members[0] if members else load_translator(args, overrides)
+  scores, hypotheses = (ensemble.decode_split(
+      members, args.split, beam_size=args.beam, alpha=args.alpha) if members
+                        else evaluate.decode_split(
       model.params, model.model_config, model.config, model.source_tok,
       model.target_tok, args.split, trained.local_mesh(),
-      beam_size=args.beam, alpha=args.alpha)
-  report = dict(scores, split=args.split, weights=model.weights)
+      beam_size=args.beam, alpha=args.alpha))
+  report = dict(scores, split=args.split, weights=model.weights,
+                **translation_flags.ensemble_report(args))
   if args.hypotheses:
     paths.write_text(args.hypotheses, '\n'.join(hypotheses) + '\n')
     report['hypotheses'] = args.hypotheses
   print(json.dumps(report, indent=2))
-  return 0
-
-
-def cmd_attention(args, overrides) -> int:
-  import numpy as np
-  from jaxformer.data import language_tokenizer
-  from jaxformer.inference import search
-  from jaxformer.inference import evaluate
-  from jaxformer.inference import plots
-  model = load_translator(args, overrides)
-  config, model_config = model.config, model.model_config
-  source_tok, target_tok = model.source_tok, model.target_tok
-  rows, _ = evaluate.encode_sources(source_tok, [args.src],
-                                    config.data.max_source_length)
-  forced = language_tokenizer.first_id(target_tok)
-  tokens, weights = search.greedy_decode(
-      model.params, model_config, rows, return_attention=True,
-      forced_ids=-1 if forced is None else forced,
-      max_decode_len=search.decode_length(
-          rows.shape[1], config.decode.max_extra_len, model_config.max_len))
-  tokens, weights = np.asarray(tokens[0]), np.asarray(weights[0])
-  if not 0 <= args.layer < weights.shape[0]:
-    raise ValueError(f'--layer must be in [0, {weights.shape[0]}).')
-  if args.head is not None and not 0 <= args.head < weights.shape[1]:
-    raise ValueError(f'--head must be in [0, {weights.shape[1]}).')
-  source_length = int((rows[0] != model_config.pad_id).sum())
-  eos = model_config.eos_id
-  target_length = int(np.argmax(tokens == eos)) + 1 if eos in tokens else int(
-      (tokens != model_config.pad_id).sum())
-  layer = weights[args.layer]
-  grid = layer.mean(0) if args.head is None else layer[args.head]
-  grid = grid[:target_length, :source_length]
-  head = 'mean of heads' if args.head is None else f'head {args.head}'
-  plots.attention_heatmap(
-      grid, [source_tok.id_to_piece(int(t)) for t in rows[0, :source_length]],
-      [target_tok.id_to_piece(int(t)) for t in tokens[:target_length]],
-      args.out, title=f'cross-attention, layer {args.layer}, {head}')
-  print(f'{target_tok.decode(tokens)}\nwrote {args.out}')
-  return 0
-
-
-def cmd_curves(args, overrides) -> int:
-  from jaxformer.inference import plots
-  from jaxformer.run.metrics import has_metrics, metrics_path, read_metrics
-  if not has_metrics(args.workdir):
-    raise FileNotFoundError(f'{metrics_path(args.workdir)} does not exist; is '
-                            f'{args.workdir} a training workdir?')
-  plots.training_curves(read_metrics(args.workdir), args.out)
-  print(f'wrote {args.out}')
   return 0
 
 
@@ -298,7 +257,8 @@ def add_output_args(p, what: str, batches: str) -> None:
 
 
 def add_parsers(commands) -> None:
-  """translate, predict, generate, evaluate, attention and curves."""
+  """translate, predict, generate and evaluate (attention and curves:
+  `plot_commands.py`)."""
   translate = commands.add_parser(
       'translate', help='translate lines from stdin (or --input) to stdout, '
       'or a corpus to --output on every process of a run')
@@ -315,6 +275,7 @@ def add_parsers(commands) -> None:
   translate.add_argument('--on-too-long', choices=('truncate', 'error'),
                          default='truncate')
   translation_flags.add_prefix_args(translate)
+  translation_flags.add_ensemble_arg(translate)
   translate.set_defaults(run=cmd_translate)
 
   predict = commands.add_parser(
@@ -374,25 +335,8 @@ def add_parsers(commands) -> None:
   add_language_args(evaluate)
   evaluate.add_argument('--beam', type=POSITIVE_INT, default=None)
   evaluate.add_argument('--alpha', type=NON_NEGATIVE_FLOAT, default=None)
+  translation_flags.add_ensemble_arg(evaluate)
   evaluate.add_argument('--hypotheses', type=path, default=None,
                         help='file to write the decoded split to, one line '
                         'each (default: none written)')
   evaluate.set_defaults(run=cmd_evaluate)
-
-  attention = commands.add_parser(
-      'attention', help='plot the cross-attention of one translation')
-  add_model_args(attention)
-  attention.add_argument('--src', required=True, help='the source sentence')
-  add_language_args(attention)
-  attention.add_argument('--layer', type=NON_NEGATIVE_INT, default=0)
-  attention.add_argument('--head', type=NON_NEGATIVE_INT, default=None,
-                         help='default: the mean over heads')
-  attention.add_argument('--out', required=True, type=path,
-                         help='a .png path')
-  attention.set_defaults(run=cmd_attention)
-
-  curves = commands.add_parser('curves',
-                               help='plot loss/BLEU curves of a run')
-  curves.add_argument('--workdir', required=True, type=path)
-  curves.add_argument('--out', required=True, type=path, help='a .png path')
-  curves.set_defaults(run=cmd_curves)

@@ -1,5 +1,8 @@
-"""The flags of `translate` that steer what a translation holds: a target
-prefix (`--target-prefix`, `--target-prefix-file`)."""
+"""The flags of `translate` and `evaluate` that steer what a translation
+holds and which models decode it: a target prefix (`--target-prefix`,
+`--target-prefix-file`), an ensemble (`--ensemble`)."""
+import argparse
+
 from jaxformer.cli.arguments import path
 from jaxformer.storage import paths
 
@@ -29,3 +32,38 @@ def prefixes(args):
                               f'{args.target_prefix_file}: no such file.')
     return paths.read_text(args.target_prefix_file).splitlines()
   return args.target_prefix or None
+
+
+def add_ensemble_arg(p) -> None:
+  p.add_argument(
+      '--ensemble', action='append', type=path, default=[],
+      metavar='WORKDIR', help='another model (a training workdir or an '
+      'export) of the same target vocabulary to decode with, averaging the '
+      'models\' log-probabilities at each step; repeat for more (their '
+      'latest checkpoints; --weights and the overrides apply to each)')
+
+
+def ensemble(args, overrides, load) -> list:
+  """The models of --workdir and of each --ensemble, loaded by
+  `load(args, overrides)`, their target vocabularies checked; [] without
+  --ensemble."""
+  if not args.ensemble:
+    return []
+  if getattr(args, 'output', None):
+    raise ValueError('--ensemble with --output: translate to stdout (or '
+                     'evaluate) with an ensemble; bulk decoding takes one '
+                     'model.')
+  from jaxformer.inference import ensemble as ensemble_lib
+  members = [load(args, overrides)]
+  for workdir in args.ensemble:
+    members.append(load(argparse.Namespace(
+        **dict(vars(args), workdir=workdir, checkpoint=None)), overrides))
+  ensemble_lib.check_same_target(
+      [args.workdir, *args.ensemble], [m.target_tok for m in members],
+      [m.model_config for m in members])
+  return members
+
+
+def ensemble_report(args) -> dict:
+  """What `evaluate`'s JSON says of an ensemble."""
+  return {'ensemble': [args.workdir, *args.ensemble]} if args.ensemble else {}

@@ -76,7 +76,8 @@ def best_possible_score(alive_logprob: jax.Array, step: jax.Array,
 
 def beam_search_step(state: BeamState, step_fn: StepFn, *, alpha, eos_id,
                      max_decode_len: int, early_exit=True,
-                     start_id: int = PAD_ID, forced_ids=None) -> BeamState:
+                     start_id: int = PAD_ID, forced_ids=None,
+                     log_probs_fn=jax.nn.log_softmax) -> BeamState:
   """Extends every live beam by one token.
 
   The 2 * beam best extensions are enough to keep `beam` live ones, as at most
@@ -84,6 +85,8 @@ def beam_search_step(state: BeamState, step_fn: StepFn, *, alpha, eos_id,
   the best `beam` enter the finished set with score log p / length_penalty.
   forced_ids: [batch, p] int32, the first tokens of each sentence (log p
   0, every other -inf, as Hugging Face forces a token), -1 where none.
+  log_probs_fn: step_fn's output [rows, v] -> log-probabilities (the
+  identity where step_fn returns them, as an ensemble's does).
   """
   batch, beam, _ = state.alive_tokens.shape
   step = state.step
@@ -91,7 +94,7 @@ def beam_search_step(state: BeamState, step_fn: StepFn, *, alpha, eos_id,
       state.cache,
       previous_tokens(state.alive_tokens, step, start_id).reshape(
           batch * beam), step)
-  log_probs = jax.nn.log_softmax(logits).reshape(batch, beam, -1)
+  log_probs = log_probs_fn(logits).reshape(batch, beam, -1)
   vocab = log_probs.shape[-1]
   if forced_ids is not None:
     forced = forced_at(forced_ids, step)

@@ -90,8 +90,9 @@ def translation_arguments(config: ModelConfig, inputs,
 
 
 def forced_at(forced_ids: jax.Array, step: jax.Array) -> jax.Array:
-  """The tokens forced at `step`: forced_ids [b, p] column `step`, -1 past
-  the prefix. -> [b] int32."""
+  """The tokens forced at `step`: forced_ids [b, p] (or [b]: p = 1) column
+  `step`, -1 past the prefix. -> [b] int32."""
+  forced_ids = forced_ids.reshape(forced_ids.shape[0], -1)
   width = forced_ids.shape[1]
   column = jax.lax.dynamic_index_in_dim(
       forced_ids, jnp.minimum(step, width - 1), axis=1, keepdims=False)
