@@ -145,6 +145,7 @@ def _bulk_generation(args, overrides):
 
 def cmd_translate(args, overrides) -> int:
   prefixes = translation_flags.prefixes(args)
+  constraints = translation_flags.constraints(args)
   members = translation_flags.ensemble(args, overrides, load_translator)
   if args.output:
     from jaxformer.cli import bulk_commands
@@ -159,7 +160,7 @@ def cmd_translate(args, overrides) -> int:
       batch_size=args.batch_size,
       max_source_length=config.data.max_source_length,
       on_too_long=args.on_too_long, prefixes=prefixes,
-      warn=lambda text: print(text, file=sys.stderr))
+      warn=lambda text: print(text, file=sys.stderr), **constraints)
   for line in (ensemble.translate(members, stream, **settings) if members
                else evaluate.translate(model.params, model.model_config,
                                        model.source_tok, model.target_tok,

@@ -1,6 +1,7 @@
 """The flags of `translate` and `evaluate` that steer what a translation
 holds and which models decode it: a target prefix (`--target-prefix`,
-`--target-prefix-file`), an ensemble (`--ensemble`)."""
+`--target-prefix-file`), terminology (`--constraints`), an ensemble
+(`--ensemble`)."""
 import argparse
 
 from jaxformer.cli.arguments import path
@@ -17,6 +18,29 @@ def add_prefix_args(p) -> None:
       '--target-prefix-file', type=path, default=None,
       help='a file with the prefix of each input line\'s translation, one '
       'per line (an empty line: none); not with --output')
+  prefix.add_argument(
+      '--constraints', type=path, default=None, metavar='FILE',
+      help='a file with the target phrases each input line\'s translation '
+      'must contain, tab-separated, one line per input line (an empty '
+      'line: none): lexically constrained beam search (dynamic beam '
+      'allocation); not with --output or --ensemble')
+
+
+def constraints(args) -> dict:
+  """{'constraints': the lines of --constraints} for `translate`'s
+  settings, {} without it."""
+  if not args.constraints:
+    return {}
+  if args.output or args.ensemble:
+    raise ValueError('--constraints with --output or --ensemble: translate '
+                     'to stdout with one model under constraints.')
+  return {'constraints': _lines(args.constraints, '--constraints')}
+
+
+def _lines(file: str, flag: str) -> list[str]:
+  if not paths.exists(file):
+    raise FileNotFoundError(f'{flag} {file}: no such file.')
+  return paths.read_text(file).splitlines()
 
 
 def prefixes(args):
@@ -27,10 +51,7 @@ def prefixes(args):
       raise ValueError('--target-prefix-file with --output: give one '
                        '--target-prefix for the whole corpus, or translate '
                        'without --output.')
-    if not paths.exists(args.target_prefix_file):
-      raise FileNotFoundError(f'--target-prefix-file '
-                              f'{args.target_prefix_file}: no such file.')
-    return paths.read_text(args.target_prefix_file).splitlines()
+    return _lines(args.target_prefix_file, '--target-prefix-file')
   return args.target_prefix or None
 
 

@@ -15,19 +15,20 @@ from jaxformer.data import language_tokenizer
 from jaxformer.data.tokenizer import Tokenizer
 
 
+def text_ids(target_tok: Tokenizer, text: str) -> list[int]:
+  """The target tokens of `text`, without the EOS that ends an encoded text
+  (nor a language token)."""
+  inner = getattr(target_tok, 'inner', target_tok)
+  pieces = inner.encode([text])[0]
+  return pieces[:-1] if pieces and pieces[-1] == inner.eos_id else pieces
+
+
 def prefix_ids(target_tok: Tokenizer, text: str | None) -> list[int]:
   """The tokens a translation starts with: the target language's (a
-  many-to-many model's), then those of `text` (without the EOS that ends
-  an encoded text)."""
+  many-to-many model's), then those of `text`."""
   first = language_tokenizer.first_id(target_tok)
   ids = [] if first is None else [first]
-  if text:
-    inner = getattr(target_tok, 'inner', target_tok)
-    pieces = inner.encode([text])[0]
-    if pieces and pieces[-1] == inner.eos_id:
-      pieces = pieces[:-1]
-    ids += pieces
-  return ids
+  return ids + (text_ids(target_tok, text) if text else [])
 
 
 def forced_ids(target_tok: Tokenizer, prefixes: Sequence[str | None] | None,
@@ -70,8 +71,8 @@ def paired(sentences: Iterable[str], prefixes: Iterable[str] | str | None,
     prefix = next(prefixes, None)
     if prefix is None:
       raise ValueError(f'{where} has {count - 1} lines, fewer than the '
-                       f'input (line {count} has no prefix); give one line '
-                       'per input line (an empty line: no prefix).')
+                       f'input (line {count} has none); give one line per '
+                       'input line (an empty line: none).')
     yield sentence, prefix.rstrip('\n')
   if next(prefixes, None) is not None:
     raise ValueError(f'{where} has more lines than the {count} of the input; '
