@@ -4,6 +4,7 @@ data, for the tests of the commands that use a trained model."""
 import pathlib
 
 import jax
+import numpy as np
 
 from jaxformer.checkpoints import manager as checkpoint_lib
 from jaxformer.config.settings import default_config, load_config
@@ -63,5 +64,4 @@ def config_for(tok, **train):
 
 
 def as_numpy(tree):
-  import numpy as np
   return jax.tree.map(np.asarray, jax.device_get(tree))

@@ -1,16 +1,12 @@
 """The moving average of the parameters (`train.ema_decay`): its update is
-the documented formula, it resumes bit for bit from a checkpoint, training
-evaluates it beside the parameters, and the commands use it."""
-import json
-
+the documented formula, laid out as the parameters, and it resumes bit for
+bit from a checkpoint (the commands: test_ema_commands.py)."""
 import jax
 import ml_collections
 import numpy as np
 import pytest
 
 from jaxformer.checkpoints import manager as checkpoint_lib
-from jaxformer.checkpoints import trained
-from jaxformer.cli import main as cli
 from jaxformer.config.settings import default_config
 from jaxformer.model import ModelConfig
 from jaxformer.parallel import mesh as mesh_lib
