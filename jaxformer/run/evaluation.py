@@ -43,7 +43,7 @@ class Evaluator:
     """The metrics of `state.params`, and those of their moving average
     prefixed ema_ if the state keeps one (logged as eval_ema_*)."""
     metrics = self(state.params)
-    if state.ema is not None:
+    if ema_lib.of(state) is not None:
       ema = self(ema_lib.as_params(state.ema, state.params))
       metrics.update({f'ema_{key}': value for key, value in ema.items()})
     return metrics

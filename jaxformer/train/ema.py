@@ -1,9 +1,10 @@
 """An exponential moving average of the parameters (`train.ema_decay`).
 
-The average is kept in the train state as `TrainState.ema`: float32, one
-array per parameter, laid out (sharded) as the parameters are, and saved
-with them in every checkpoint. With `train.ema_decay=0` (the default) the
-state holds none (`ema=None`), and checkpoints are as they were before.
+The average is kept in the train state as `TrainStateWithEma.ema`:
+float32, one array per parameter, laid out (sharded) as the parameters
+are, and saved with them in every checkpoint. With `train.ema_decay=0`
+(the default) the state is a plain `TrainState`, which has none, and
+checkpoints are as they were before.
 
 After the update of step t (counted from 0, as `TrainState.step` before the
 update), with the new parameters p:
@@ -38,11 +39,13 @@ def initial(params: Any) -> Any:
   return jax.tree.map(lambda p: jnp.asarray(p, jnp.float32), params)
 
 
+def of(state) -> Any:
+  """The average `state` keeps, or None."""
+  return getattr(state, 'ema', None)
+
+
 def updated(ema: Any, params: Any, ema_decay: float, step: jax.Array) -> Any:
-  """The average after the update of `step` gave `params`; None stays None
-  (no average kept)."""
-  if ema is None:
-    return None
+  """The average after the update of `step` gave `params`."""
   decay = warmed_decay(ema_decay, step)
   return jax.tree.map(
       lambda e, p: decay * e + (1.0 - decay) * jnp.asarray(p, jnp.float32),
@@ -57,8 +60,9 @@ def as_params(ema: Any, params: Any) -> Any:
 def restarted(state, params: Any):
   """`state` with `params` (a pretrained start) and its average, if it keeps
   one, restarted from them."""
-  ema = None if state.ema is None else initial(params)
-  return state.replace(params=params, ema=ema)
+  if of(state) is None:
+    return state.replace(params=params)
+  return state.replace(params=params, ema=initial(params))
 
 
 def kept_by(config: dict) -> bool:

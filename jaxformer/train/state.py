@@ -14,14 +14,11 @@ from jaxformer.train import ema as ema_lib
 
 class TrainState(struct.PyTreeNode):
   """Everything that changes during training; pure data, so it checkpoints
-  as it is. `rng` holds raw key data (uint32) of the configured PRNG; `ema`
-  the moving average of the parameters (`train/ema.py`), None when none is
-  kept."""
+  as it is. `rng` holds raw key data (uint32) of the configured PRNG."""
   step: jax.Array
   params: Any
   opt_state: Any
   rng: jax.Array
-  ema: Any = None
 
   def started_from(self, params: Any) -> 'TrainState':
     """This state with `params` (a pretrained start), its average (if it
@@ -29,15 +26,24 @@ class TrainState(struct.PyTreeNode):
     return ema_lib.restarted(self, params)
 
 
+class TrainStateWithEma(TrainState):
+  """A train state that keeps `ema`, the moving average of the parameters
+  (`train.ema_decay`, `train/ema.py`). A subclass, so that a state without
+  one saves and restores exactly as before it existed."""
+  ema: Any
+
+
 def _init_fn(task, model, tx, example_batch, prng_impl, ema_decay=0.0):
   def init(seed):
     key = jax.random.key(seed, impl=prng_impl)
     init_key, dropout_key = jax.random.split(key)
     params = task.init_variables(model, init_key, example_batch)['params']
-    return TrainState(step=jnp.array(0, jnp.int32), params=params,
-                      opt_state=tx.init(params),
-                      rng=jax.random.key_data(dropout_key),
-                      ema=ema_lib.initial(params) if ema_decay else None)
+    fields = dict(step=jnp.array(0, jnp.int32), params=params,
+                  opt_state=tx.init(params),
+                  rng=jax.random.key_data(dropout_key))
+    if ema_decay:
+      return TrainStateWithEma(**fields, ema=ema_lib.initial(params))
+    return TrainState(**fields)
   return init
 
 

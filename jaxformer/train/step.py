@@ -49,8 +49,8 @@ def train_step(state: TrainState, batch: dict[str, jax.Array], *, task, model,
   divided once by their global count, so k microbatches give the update of
   one batch k times larger. A non-finite loss or gradient leaves the state
   unchanged (metrics['finite'] = 0); the loop decides to stop or skip.
-  A state that keeps a moving average of the parameters (`state.ema`)
-  updates it with `ema_decay` (`train/ema.py`).
+  A state that keeps a moving average of the parameters
+  (`TrainStateWithEma`) updates it with `ema_decay` (`train/ema.py`).
   """
   step_key = jax.random.fold_in(
       jax.random.wrap_key_data(state.rng, impl=prng_impl), state.step)
@@ -97,10 +97,10 @@ def train_step(state: TrainState, batch: dict[str, jax.Array], *, task, model,
   new_state = state.replace(step=state.step + 1,
                             params=_select(finite, params, state.params),
                             opt_state=_select(finite, opt_state,
-                                              state.opt_state),
-                            ema=_select(finite, ema_lib.updated(
-                                state.ema, params, ema_decay, state.step),
-                                        state.ema))
+                                              state.opt_state))
+  if ema_lib.of(state) is not None:
+    new_state = new_state.replace(ema=_select(finite, ema_lib.updated(
+        state.ema, params, ema_decay, state.step), state.ema))
   metrics.update(grad_norm=grad_norm, learning_rate=schedule(state.step),
                  finite=finite.astype(jnp.float32))
   return new_state, metrics
