@@ -20,6 +20,7 @@ from jaxformer.parallel import mesh as mesh_lib
 from jaxformer.storage import paths
 from jaxformer.data.tokenizer import Tokenizer, from_serialized, model_paths
 from jaxformer.model import config as model_config_lib
+from jaxformer.model import lora
 from jaxformer.train.run_spec import RunSpec
 from jaxformer.train.tasks import Task, get_task
 
@@ -111,9 +112,10 @@ def load(directory: str, step: int | None = None) -> Trained:
 
 # What fine-tuning may set in the model of the export it starts from: how
 # it computes and regularises, never its parameters' shapes or layout.
+# Its adapters (model.lora) are the fine-tune's own, added fresh.
 FINETUNE_MODEL_KEYS = ('embedding_dropout', 'residual_dropout',
                        'attention_dropout', 'ffn_dropout', 'dtype',
-                       'attention_impl', 'remat_policy')
+                       'attention_impl', 'remat_policy', 'lora')
 
 
 def pretrained_start(config: ml_collections.ConfigDict):
@@ -194,7 +196,8 @@ def pretrained_params(directory: str, run: RunSpec, fresh=None):
          or saved[path].shape != leaf.shape}
   if not new:
     return exports.restore_export(directory, lambda extra: target)[1]
-  if fresh is None or any(path[0] not in HEADS for path in new):
+  if fresh is None or any(path[0] not in HEADS and not lora.is_adapter(path)
+                          for path in new):
     path = sorted(new)[0]
     raise ValueError(
         f'--config.init.pretrained={directory}: parameter {"/".join(path)} '
