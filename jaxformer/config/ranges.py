@@ -73,6 +73,9 @@ RANGES = {
     'model.pad_id': NON_NEGATIVE,  # ids of the vocabulary (ModelConfig checks
     'model.eos_id': NON_NEGATIVE,  # they lie inside it)
     'model.decoder_start_id': NON_NEGATIVE,
+    'model.lora.rank': POSITIVE,
+    'model.lora.alpha': ABOVE_ZERO,
+    'model.lora.dropout': PROBABILITY,
     'data.builtin.num_train': POSITIVE,
     'data.builtin.num_dev': NON_NEGATIVE,
     'data.builtin.num_test': NON_NEGATIVE,
