@@ -196,9 +196,11 @@ def pretrained_params(directory: str, run: RunSpec, fresh=None):
          or saved[path].shape != leaf.shape}
   if not new:
     return exports.restore_export(directory, lambda extra: target)[1]
-  if fresh is None or any(path[0] not in HEADS and not lora.is_adapter(path)
-                          for path in new):
-    path = sorted(new)[0]
+  # Heads and adapters the export lacks start fresh; nothing else may.
+  missing = sorted(path for path in new if fresh is None or (
+      path[0] not in HEADS and not lora.is_adapter(path)))
+  if missing:
+    path = missing[0]
     raise ValueError(
         f'--config.init.pretrained={directory}: parameter {"/".join(path)} '
         f'is {saved[path].shape if path in saved else "missing"} there, '

@@ -149,7 +149,7 @@ class ModelConfig:
   def __post_init__(self):
     # A config dict's model.lora arrives as a dict.
     object.__setattr__(self, 'lora', lora_lib.from_dict(self.lora))
-    lora_lib.target_set(self.lora, self.gated_ffn)
+    lora_lib.check(self.lora)
     for key, allowed in CHOICES.items():
       if getattr(self, key) not in allowed:
         raise ValueError(

@@ -59,25 +59,23 @@ def model_projections(gated_ffn: bool) -> tuple[str, ...]:
   return ATTENTION_PROJECTIONS + ffn
 
 
-def target_set(lora: LoraConfig, gated_ffn: bool) -> frozenset[str]:
-  """The projections `lora.targets` names, checked against the model's.
+def _names(lora: LoraConfig) -> list[str]:
+  return [name.strip() for name in lora.targets.split(',') if name.strip()]
 
-  Raises:
-    ValueError: a name the model has no projection of (naming those it
-      has), rank <= 0, a dropout outside [0, 1), an unknown base_dtype.
-  """
+
+def check(lora: LoraConfig) -> None:
+  """Checks what can be checked without the model: every target is some
+  model's projection (a config of a plain FFN may fine-tune an export with
+  a gated one: `target_set` checks against the model itself), rank >= 1,
+  dropout in [0, 1), a known base_dtype."""
   if not lora.enabled:
-    return frozenset()
-  present = model_projections(gated_ffn)
-  names = [name.strip() for name in lora.targets.split(',') if name.strip()]
-  if names == ['all']:
-    names = list(present)
-  unknown = [name for name in names if name not in present]
+    return
+  every = ATTENTION_PROJECTIONS + GATED_FFN_PROJECTIONS + PLAIN_FFN_PROJECTIONS
+  unknown = [name for name in _names(lora) if name not in every + ('all',)]
   if unknown:
     raise ValueError(
-        f'model.lora.targets={lora.targets!r}: {", ".join(unknown)} matches '
-        f'no projection of this model; its projections are '
-        f'{", ".join(present)} (or all).')
+        f'model.lora.targets={lora.targets!r}: {", ".join(unknown)} is no '
+        f'projection name; choose from {", ".join(every)} (or all).')
   if lora.rank <= 0:
     raise ValueError(f'model.lora.rank={lora.rank} must be 1 or more.')
   if not 0.0 <= lora.dropout < 1.0:
@@ -85,6 +83,28 @@ def target_set(lora: LoraConfig, gated_ffn: bool) -> frozenset[str]:
   if lora.base_dtype not in BASE_DTYPES:
     raise ValueError(f'model.lora.base_dtype={lora.base_dtype!r} is not one '
                      f'of {BASE_DTYPES}.')
+
+
+def target_set(lora: LoraConfig, gated_ffn: bool) -> frozenset[str]:
+  """The projections `lora.targets` names, checked against the model's.
+
+  Raises:
+    ValueError: a name the model has no projection of (naming those it
+      has), and what `check` refuses.
+  """
+  check(lora)
+  if not lora.enabled:
+    return frozenset()
+  present = model_projections(gated_ffn)
+  names = _names(lora)
+  if names == ['all']:
+    names = list(present)
+  missing = [name for name in names if name not in present]
+  if missing:
+    raise ValueError(
+        f'model.lora.targets={lora.targets!r}: {", ".join(missing)} matches '
+        f'no projection of this model; its projections are '
+        f'{", ".join(present)} (or all).')
   return frozenset(names)
 
 
