@@ -136,3 +136,28 @@ def test_bad_conversations_fail_with_one_line(line, words):
     chat_template.read_conversations([good, line], 'train.jsonl')
   assert str(error.value).startswith(f'train.jsonl {words}')
   assert len(str(error.value).splitlines()) == 1
+
+
+def test_chat_rows_train_on_the_assistant_tokens(style):
+  """data.lm_rows='chat': a conversation a row, the BOS the template
+  writes left to the model's start token (a tokenizer without BOS: the
+  first token starts the row), the loss mask the assistant mask."""
+  import ml_collections
+  from jaxformer.data import lm_rows
+  ours, _ = style
+  lines = [json.dumps({'messages': c}) for c in CONVERSATIONS]
+  rows = lm_rows.language_model_rows(
+      ml_collections.ConfigDict(dict(max_target_length=300, lm_rows='chat')),
+      lines, [''] * len(lines), 'train', ours)
+  template = chat_template.template_of(ours)
+  for row, messages in enumerate(CONVERSATIONS):
+    ids, mask = chat_template.conversation_ids(ours, template, messages)
+    start = rows[lm_rows.ROW_START][row]
+    if ours.bos_id is not None:
+      assert ids[0] == ours.bos_id and start == -1
+    else:
+      assert start == ids[0]
+    length = len(ids) - 1
+    assert list(rows['targets'][row, :length]) == ids[1:]
+    assert list(rows[lm_rows.LOSS_MASK][row, :length]) == mask[1:]
+    assert not rows['targets_segment_ids'][row, length:].any()
