@@ -185,6 +185,9 @@ def cmd_generate(args, overrides) -> int:
   if args.input and args.prompt is not None:
     raise ValueError('--prompt and --input both give prompts; pass one.')
   if args.output:
+    if args.chat:
+      raise ValueError('--chat applies to prompts printed (without '
+                       '--output); render the conversations first.')
     from jaxformer.cli import bulk_commands
     return bulk_commands.cmd_bulk(args, overrides, _bulk_generation)
   model = load_trained(args, overrides)
@@ -195,7 +198,7 @@ def cmd_generate(args, overrides) -> int:
       max_new_tokens=args.max_new_tokens, max_len=args.max_len,
       temperature=args.temperature, top_k=args.top_k, top_p=args.top_p,
       seed=args.seed, on_too_long=args.on_too_long,
-      warn=lambda text: print(text, file=sys.stderr)):
+      warn=lambda text: print(text, file=sys.stderr), chat=args.chat):
     print(json.dumps(out.record()) if args.jsonl else out.whole, flush=True)
   return 0
 
@@ -328,6 +331,11 @@ def add_parsers(commands) -> None:
                   'line number and --seed alone')
   generate.add_argument('--prompt', default=None,
                         help='text to continue (default: the empty text)')
+  generate.add_argument('--chat', action='store_true',
+                        help='each prompt is a conversation ({"messages": '
+                        '[...]}) or a user\'s text, rendered with the '
+                        'tokenizer\'s chat template and its generation '
+                        'prompt')
   generate.add_argument('--num', type=POSITIVE_INT, default=1,
                         help='continuations of each prompt')
   generate.add_argument('--jsonl', action='store_true',

@@ -139,9 +139,11 @@ def render(template: str, messages: Sequence[dict], tokens: dict[str, str],
   return ''.join(text), spans
 
 
-def check_conversation(conversation, where: str) -> list[dict]:
-  """The messages of one conversation, each role known; a ChatError naming
-  `where` (the file and line) otherwise."""
+def check_conversation(conversation, where: str,
+                       needs_assistant: bool = True) -> list[dict]:
+  """The messages of one conversation, each role known (and one of them
+  the assistant's, if `needs_assistant`); a ChatError naming `where` (the
+  file and line) otherwise."""
   messages = conversation.get('messages') if isinstance(
       conversation, dict) else None
   if not isinstance(messages, list) or not messages:
@@ -157,7 +159,8 @@ def check_conversation(conversation, where: str) -> list[dict]:
     if OPEN in message['content'] or CLOSE in message['content']:
       raise ChatError(f'{where}: message {number} holds the noncharacter '
                       'U+FDD0 or U+FDD1; remove it')
-  if not any(m['role'] == 'assistant' for m in messages):
+  if needs_assistant and not any(m['role'] == 'assistant'
+                                 for m in messages):
     raise ChatError(f'{where}: no assistant turn, so nothing to train on; '
                     'each conversation needs one')
   return messages
@@ -232,3 +235,15 @@ def read_conversations(lines: Sequence[str], name: str) -> list[list[dict]]:
       raise ChatError(f'{where}: not JSON ({e.msg})') from None
     conversations.append(check_conversation(conversation, where))
   return conversations
+
+
+def prompt_messages(line: str, where: str) -> list[dict]:
+  """The messages of a prompt to continue: a JSON conversation, or plain
+  text as one user message."""
+  if not line.lstrip().startswith('{'):
+    return [{'role': 'user', 'content': line}]
+  try:
+    conversation = json.loads(line)
+  except json.JSONDecodeError as e:
+    raise ChatError(f'{where}: not JSON ({e.msg})') from None
+  return check_conversation(conversation, where, needs_assistant=False)

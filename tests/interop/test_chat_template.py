@@ -161,3 +161,22 @@ def test_chat_rows_train_on_the_assistant_tokens(style):
     assert list(rows['targets'][row, :length]) == ids[1:]
     assert list(rows[lm_rows.LOSS_MASK][row, :length]) == mask[1:]
     assert not rows['targets_segment_ids'][row, length:].any()
+
+
+def test_generate_chat_prompts_are_the_generation_prompt(style):
+  """`generate --chat`: a line of JSON is a conversation, any other text
+  a user's message; both rendered with the generation prompt."""
+  from jaxformer.inference import predict
+  ours, theirs = style
+  conversation = CONVERSATIONS[1][:-1]
+  batch = [(1, 0, json.dumps({'messages': conversation})),
+           (2, 0, 'Name a colour.')]
+  expected = [theirs.apply_chat_template(
+      messages, tokenize=True, add_generation_prompt=True,
+      return_dict=True)['input_ids'] for messages in (
+          conversation, [{'role': 'user', 'content': 'Name a colour.'}])]
+  assert predict.chat_prompt_tokens(ours, batch) == expected
+  with pytest.raises(chat_template.ChatError, match="prompt 1: message 1 "
+                     "has role 'robot'"):
+    predict.chat_prompt_tokens(ours, [(1, 0, json.dumps({'messages': [
+        {'role': 'robot', 'content': 'x'}]}))])

@@ -195,3 +195,26 @@ def test_dora_is_refused(adapted, tmp_path, capsys):
   (folder / 'adapter_config.json').write_text(json.dumps(config))
   fails_with_one_line(['import', '--from', adapted.base, '--adapter',
                        str(folder)], tmp_path, capsys, 'use_dora=True')
+
+
+def test_generate_chat_continues_the_rendered_conversation(tmp_path_factory,
+                                                          capsys):
+  """`jaxformer generate --chat` on the Qwen2-style import (whose folder
+  has a chat template): the greedy ids PEFT's model generates from
+  apply_chat_template(..., add_generation_prompt=True)."""
+  import transformers
+  qwen2 = adapted_of('qwen2-all-r8-rslora', tmp_path_factory)
+  messages = [{'role': 'user', 'content': 'Name a colour.'}]
+  prompt = transformers.AutoTokenizer.from_pretrained(
+      qwen2.base).apply_chat_template(messages, add_generation_prompt=True,
+                                      tokenize=True, return_dict=True)
+  expected = llama_folders.up_to_eos(llama_folders.hf_greedy(
+      qwen2.peft_model, list(prompt['input_ids']), NEW_TOKENS),
+      list(qwen2.ours.target_tok.eos_ids))
+  capsys.readouterr()
+  assert cli.main(['generate', '--workdir', qwen2.out, '--chat', '--prompt',
+                   json.dumps({'messages': messages}), '--jsonl',
+                   '--temperature', '0', '--max-new-tokens',
+                   str(NEW_TOKENS)]) == 0
+  record = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+  assert record['ids'] == expected
