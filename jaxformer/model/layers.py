@@ -9,7 +9,7 @@ import jax.numpy as jnp
 import numpy as np
 from flax import linen as nn
 
-from jaxformer.model import backend, cpu_kernels, lora
+from jaxformer.model import backend, cpu_kernels, frozen_kernels, lora
 from jaxformer.model.config import ModelConfig
 
 
@@ -170,13 +170,16 @@ class Linear(nn.Module):
     float32, or None."""
     cfg = self.config
     outputs = len(self.features)
-    kernel = self.param(
-        'kernel', nn.with_logical_partitioning(
-            nn.initializers.variance_scaling(
-                1.0, 'fan_avg', 'uniform',
-                in_axis=tuple(range(outputs, outputs + self.in_ndim)),
-                out_axis=tuple(range(outputs))), self.axes),
-        (*self.features, *in_features), jnp.float32)
+    init = nn.initializers.variance_scaling(
+        1.0, 'fan_avg', 'uniform',
+        in_axis=tuple(range(outputs, outputs + self.in_ndim)),
+        out_axis=tuple(range(outputs)))
+    shape = (*self.features, *in_features)
+    if self.projection is None:
+      kernel = self.param('kernel', nn.with_logical_partitioning(
+          init, self.axes), shape, jnp.float32)
+    else:  # Frozen under adapters: in model.lora.base_dtype.
+      kernel = frozen_kernels.kernel(self, shape, outputs, self.axes, init)
     kernel = kernel.reshape(int(np.prod(self.features)), -1)
     bias = None
     if self.use_bias:

@@ -205,3 +205,48 @@ def test_no_targets_is_the_plain_model():
   assert not config.lora_targets
   assert not adapter_paths(init('translation', config,
                                 batch_of('translation')))
+
+
+def test_an_int8_base_computes_the_float_model_within_its_rounding():
+  """model.lora.base_dtype='int8': the projections' kernels are int8 with
+  a scale per output feature (`frozen_kernels.quantize` of the float
+  ones); the logits stay within the rounding of 8 bits."""
+  from flax import linen as nn
+  from jaxformer.model import frozen_kernels
+  lora_config = lora.LoraConfig(targets='q,v', rank=2)
+  config = family_config('language_model', lora=lora_config)
+  int8 = config.replace(lora=dataclasses.replace(lora_config,
+                                                 base_dtype='int8'))
+  batch = batch_of('language_model')
+  params = init('language_model', config, batch)
+  task = get_task('language_model')
+  abstract = nn.unbox(jax.eval_shape(lambda: task.init_variables(
+      task.model(int8), jax.random.key(0), batch))['params'])
+  quantized = frozen_kernels.quantize(params, abstract)
+  flat = traverse_util.flatten_dict(quantized)
+  kernel = ('decoder', 'layer_0', 'ffn', 'wi_0', 'kernel')
+  assert flat[kernel].dtype == np.int8
+  assert flat[kernel[:-1] + (frozen_kernels.SCALE,)].shape == (48,)
+  assert flat[('decoder', 'layer_0', 'self_attention', 'query', 'lora_a')
+              ].dtype == np.float32
+  reference = outputs('language_model', config, params, batch)
+  got = outputs('language_model', int8, quantized, batch)
+  error = np.abs(np.asarray(got) - reference).max()
+  assert 0 < error < 0.02 * np.abs(reference).max()
+
+
+def test_a_bfloat16_base_holds_the_projections_in_bfloat16():
+  config = family_config('translation', lora=dict(
+      targets='q', base_dtype='bfloat16'))
+  flat = traverse_util.flatten_dict(init('translation', config,
+                                         batch_of('translation')))
+  assert flat[('encoder', 'layer_0', 'ffn', 'wi', 'kernel')].dtype.name == (
+      'bfloat16')
+  assert flat[('encoder', 'layer_0', 'self_attention', 'query', 'lora_b')
+              ].dtype == np.float32
+
+
+def test_nf4_is_refused_with_the_supported_dtypes():
+  with pytest.raises(ValueError, match="base_dtype='nf4' is not one of "
+                     r"\('float32', 'bfloat16', 'int8'\)"):
+    family_config('translation', lora=dict(targets='q', base_dtype='nf4'))

@@ -88,3 +88,14 @@ def test_split_and_merge_are_inverse():
   assert frozen_base.merge(trainable, frozen) == params
   plain = {'encoder': {'q': {'kernel': 1}}}
   assert frozen_base.split(plain) == (plain, {})
+
+
+def test_an_int8_base_stays_int8_and_unchanged():
+  config = tiny_model(lora=dict(targets='q,v', rank=2, base_dtype='int8'))
+  initial, final, _, losses = run(config, {'data': 2, 'fsdp': 4}, steps=2)
+  assert np.all(np.isfinite(losses))
+  kernel = ('encoder', 'layer_0', 'self_attention', 'query', 'kernel')
+  assert final[kernel].dtype == np.int8
+  for path in final:
+    if not lora.is_adapter(path):
+      assert final[path].tobytes() == initial[path].tobytes(), path
