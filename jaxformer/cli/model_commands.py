@@ -4,6 +4,7 @@ which plots a workdir's metrics."""
 import json
 import sys
 
+from jaxformer.cli import chat_args
 from jaxformer.cli.arguments import (NON_NEGATIVE_FLOAT, NON_NEGATIVE_INT,
                                      POSITIVE_INT, number, path)
 from jaxformer.storage import paths
@@ -186,10 +187,8 @@ def cmd_generate(args, overrides) -> int:
   from jaxformer.inference import predict
   if args.input and args.prompt is not None:
     raise ValueError('--prompt and --input both give prompts; pass one.')
+  chat_args.check_chat(args)
   if args.output:
-    if args.chat:
-      raise ValueError('--chat applies to prompts printed (without '
-                       '--output); render the conversations first.')
     from jaxformer.cli import bulk_commands
     return bulk_commands.cmd_bulk(args, overrides, _bulk_generation)
   model = load_trained(args, overrides)
@@ -342,11 +341,7 @@ def add_parsers(commands) -> None:
                   'line number and --seed alone')
   generate.add_argument('--prompt', default=None,
                         help='text to continue (default: the empty text)')
-  generate.add_argument('--chat', action='store_true',
-                        help='each prompt is a conversation ({"messages": '
-                        '[...]}) or a user\'s text, rendered with the '
-                        'tokenizer\'s chat template and its generation '
-                        'prompt')
+  chat_args.add_chat_arg(generate)
   generate.add_argument('--num', type=POSITIVE_INT, default=1,
                         help='continuations of each prompt')
   generate.add_argument('--jsonl', action='store_true',
