@@ -4,6 +4,7 @@ which draw pictures: `plot_commands.py`)."""
 import json
 import sys
 
+from jaxformer.cli import chat_args
 from jaxformer.cli.arguments import (NON_NEGATIVE_FLOAT, NON_NEGATIVE_INT,
                                      POSITIVE_INT, number, path)
 from jaxformer.cli import translation_flags
@@ -110,6 +111,7 @@ def _bulk_translation(args, overrides):
   """(input files, the decoder of `translate --output`, the manifest's
   words on the model)."""
   from jaxformer.inference import bulk_decoders as decoders
+  from jaxformer.inference import provenance
   files = input_files(args.input)  # A bad glob fails before the model loads.
   model = load_translator(args, overrides)
   beam, alpha, extra = decode_choices(args, model.config)
@@ -120,13 +122,14 @@ def _bulk_translation(args, overrides):
       max_source_length=model.config.data.max_source_length,
       on_too_long=args.on_too_long, target_prefix=args.target_prefix or '')
   return (files, decoders.Translation(model, settings),
-          dict(model=args.workdir, step=model.step))
+          provenance.model_identity(model))
 
 
 def _bulk_generation(args, overrides):
   """(input files, the decoder of `generate --output`, the manifest's
   words on the model)."""
   from jaxformer.inference import bulk_decoders as decoders
+  from jaxformer.inference import provenance
   if args.num != 1:
     raise ValueError(f'--num {args.num} with --output: the file holds one '
                      'continuation per input line; repeat the lines in the '
@@ -140,7 +143,7 @@ def _bulk_generation(args, overrides):
       top_p=args.top_p, seed=args.seed, on_too_long=args.on_too_long,
       jsonl=args.jsonl)
   return (files, decoders.Generation(model, settings),
-          dict(model=args.workdir, step=model.step))
+          provenance.model_identity(model))
 
 
 def cmd_translate(args, overrides) -> int:
@@ -192,6 +195,7 @@ def cmd_generate(args, overrides) -> int:
   from jaxformer.inference import predict
   if args.input and args.prompt is not None:
     raise ValueError('--prompt and --input both give prompts; pass one.')
+  chat_args.check_chat(args)
   if args.output:
     from jaxformer.cli import bulk_commands
     return bulk_commands.cmd_bulk(args, overrides, _bulk_generation)
@@ -203,14 +207,19 @@ def cmd_generate(args, overrides) -> int:
       max_new_tokens=args.max_new_tokens, max_len=args.max_len,
       temperature=args.temperature, top_k=args.top_k, top_p=args.top_p,
       seed=args.seed, on_too_long=args.on_too_long,
-      warn=lambda text: print(text, file=sys.stderr)):
+      warn=lambda text: print(text, file=sys.stderr), chat=args.chat):
     print(json.dumps(out.record()) if args.jsonl else out.whole, flush=True)
   return 0
 
 
 def cmd_evaluate(args, overrides) -> int:
-  from jaxformer.inference import ensemble, evaluate
+  """A training workdir's own data files are read (and named in the
+  report), an export's never (cli/workdir_data.py)."""
   from jaxformer.checkpoints import trained
+  from jaxformer.cli import workdir_data
+  from jaxformer.inference import ensemble, evaluate
+  data = workdir_data.workdir_data(args.workdir, overrides)
+  overrides = [*overrides, *(f'--config.{k}={v}' for k, v in data.items())]
   members = translation_flags.ensemble(args, overrides, load_translator)
   model = members[0] if members else load_translator(args, overrides)
   scores, hypotheses = (ensemble.decode_split(
@@ -221,6 +230,10 @@ def cmd_evaluate(args, overrides) -> int:
       beam_size=args.beam, alpha=args.alpha))
   report = dict(scores, split=args.split, weights=model.weights,
                 **translation_flags.ensemble_report(args))
+  read = {k: v for k, v in data.items()
+          if f'.{args.split}' in k or k.startswith('data.tfds.')}
+  if read:
+    report['data'] = read  # The workdir's files this command read.
   if args.hypotheses:
     paths.write_text(args.hypotheses, '\n'.join(hypotheses) + '\n')
     report['hypotheses'] = args.hypotheses
@@ -302,6 +315,7 @@ def add_parsers(commands) -> None:
                   'line number and --seed alone')
   generate.add_argument('--prompt', default=None,
                         help='text to continue (default: the empty text)')
+  chat_args.add_chat_arg(generate)
   generate.add_argument('--num', type=POSITIVE_INT, default=1,
                         help='continuations of each prompt')
   generate.add_argument('--jsonl', action='store_true',

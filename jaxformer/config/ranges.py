@@ -73,6 +73,9 @@ RANGES = {
     'model.pad_id': NON_NEGATIVE,  # ids of the vocabulary (ModelConfig checks
     'model.eos_id': NON_NEGATIVE,  # they lie inside it)
     'model.decoder_start_id': NON_NEGATIVE,
+    'model.lora.rank': POSITIVE,
+    'model.lora.alpha': ABOVE_ZERO,
+    'model.lora.dropout': PROBABILITY,
     'data.builtin.num_train': POSITIVE,
     'data.builtin.num_dev': NON_NEGATIVE,
     'data.builtin.num_test': NON_NEGATIVE,
@@ -88,6 +91,8 @@ RANGES = {
     'data.tokens_per_batch': POSITIVE,
     'data.shuffle_buffer': NON_NEGATIVE,
     'data.seed': NON_NEGATIVE,
+    'data.token_cache_piece_bytes': POSITIVE,
+    'data.tokenize_workers': POSITIVE,
     'train.num_steps': POSITIVE,
     'train.learning_rate': ABOVE_ZERO,
     'train.warmup_steps': POSITIVE,  # the rsqrt schedules divide by it

@@ -159,6 +159,11 @@ class HFTokenizer:
   # -------------------------------------------------------------- the ids ---
 
   @property
+  def first_token_is_input(self) -> bool:
+    """Without a BOS, a text's first token is the model's first input."""
+    return self.bos_id is None
+
+  @property
   def vocab_size(self) -> int:
     """1 + the largest id the tokenizer has (added tokens included)."""
     return self._vocab_size
@@ -170,6 +175,14 @@ class HFTokenizer:
     """Token ids of each text, as `AutoTokenizer(texts)['input_ids']`."""
     return [encoding.ids for encoding in self._backend.encode_batch(
         list(texts), add_special_tokens=True)]
+
+  def encode_with_offsets(self, text: str
+                          ) -> tuple[list[int], list[tuple[int, int]]]:
+    """(token ids, each token's (start, end) characters) of `text` with no
+    special tokens added: as `AutoTokenizer(text, add_special_tokens=False)`
+    (a chat template's rendering, data/chat_template.py)."""
+    encoding = self._backend.encode(text, add_special_tokens=False)
+    return encoding.ids, [tuple(offset) for offset in encoding.offsets]
 
   def encode_pair(self, text_a: str, text_b: str | None = None,
                   max_length: int | None = None

@@ -10,11 +10,13 @@ from jax.sharding import Mesh
 
 from jaxformer.parallel import mesh as mesh_lib
 from jaxformer.train import ema as ema_lib
+from jaxformer.train import frozen_base
 
 
 class TrainState(struct.PyTreeNode):
   """Everything that changes during training; pure data, so it checkpoints
-  as it is. `rng` holds raw key data (uint32) of the configured PRNG."""
+  as it is. `rng` holds raw key data (uint32) of the configured PRNG.
+  `opt_state` is of the trainable parameters (`frozen_base.split`)."""
   step: jax.Array
   params: Any
   opt_state: Any
@@ -39,7 +41,7 @@ def _init_fn(task, model, tx, example_batch, prng_impl, ema_decay=0.0):
     init_key, dropout_key = jax.random.split(key)
     params = task.init_variables(model, init_key, example_batch)['params']
     fields = dict(step=jnp.array(0, jnp.int32), params=params,
-                  opt_state=tx.init(params),
+                  opt_state=tx.init(frozen_base.split(params)[0]),
                   rng=jax.random.key_data(dropout_key))
     if ema_decay:
       return TrainStateWithEma(**fields, ema=ema_lib.initial(params))
