@@ -56,9 +56,8 @@ def default_config() -> ml_collections.ConfigDict:
       log_every=100,
       peak_flops=0.0,  # a device's FLOP/s for MFU; 0: its chip's, or measured
       max_minutes=0.0,  # wall-clock budget (from the start); 0: none
-      # With max_minutes and warmup_cosine: at the end of warm-up, fix
-      # num_steps to what the budget allows, re-planned as the speed changes
-      # (recorded in the workdir; docs/data.md).
+      # With max_minutes, warmup_cosine: num_steps fixed after warm-up to the
+      # budget's, re-planned as speed changes (in the workdir; docs/data.md).
       schedule_over_budget=False,
       # 'A:B': a jax.profiler trace of steps A-B in <workdir>/profile/
       # (process 0's, or every process's with profile_all_hosts); '': none.
