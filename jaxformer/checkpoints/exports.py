@@ -68,6 +68,7 @@ def export_params(out: str, params, extra: dict,
   make_workdir(paths.parent(out))
   contents = {'format': EXPORT_FORMAT, 'config': extra['config'],
               'tokenizers': extra['tokenizers'],
+              'weights': extra.get('weights', 'raw'),
               'steps': extra.get('steps', [extra.get('step')]),
               'source': extra.get('source', '')}
   if not keep_provenance:
@@ -138,13 +139,16 @@ def running_mean(mean, params, count: int):
   return jax.tree.map(lambda m, p: m + (p - m) / count, mean, params)
 
 
-def mean_params(reader: Checkpointer, steps: list[int], abstract_params):
+def mean_params(reader: Checkpointer, steps: list[int], abstract_params,
+                read_params=None):
   """The mean parameters of `steps` (read one at a time by `reader`, a
-  `Checkpointer.reader`), placed as `abstract_params` says."""
+  `Checkpointer.reader`, or by `read_params(step)` if given), placed as
+  `abstract_params` says."""
+  read_params = read_params or (
+      lambda s: reader.restore_params(s, abstract_params))
   mean = None
   for count, step in enumerate(steps, start=1):
-    params = read_step(reader, step,
-                        lambda s: reader.restore_params(s, abstract_params))
+    params = read_step(reader, step, read_params)
     mean = params if mean is None else running_mean(mean, params, count)
   return mean
 

@@ -262,16 +262,17 @@ class Checkpointer:
             extra=ocp.args.JsonRestore()))
     return restored['state']
 
-  def restore_params(self, step: int, abstract_params):
-    """Only the parameters of `step` (no optimizer state is read);
-    `abstract_params` holds ShapeDtypeStructs with shardings."""
+  def restore_params(self, step: int, abstract_params, item: str = 'params'):
+    """Only the parameters of `step` (no optimizer state is read), or the
+    state's other tree `item` of their shapes ('ema': their moving
+    average); `abstract_params` holds ShapeDtypeStructs with shardings."""
     restored = self.manager.restore(
         step, args=ocp.args.Composite(state=ocp.args.PyTreeRestore(
-            item={'params': abstract_params},
+            item={item: abstract_params},
             restore_args=ocp.checkpoint_utils.construct_restore_args(
-                {'params': abstract_params}),
+                {item: abstract_params}),
             partial_restore=True)))
-    return restored['state']['params']
+    return restored['state'][item]
 
   def restore_latest(self, abstract_state, shardings):
     """The newest step that every process restores, or None when there are

@@ -20,6 +20,7 @@ from jaxformer.parallel import mesh as mesh_lib
 from jaxformer.storage import paths
 from jaxformer.data.tokenizer import Tokenizer, from_serialized
 from jaxformer.model import config as model_config_lib
+from jaxformer.train import ema as ema_lib
 from jaxformer.train.run_spec import RunSpec
 from jaxformer.train.tasks import Task
 
@@ -34,6 +35,7 @@ class Trained:
   target_tok: Tokenizer
   step: int | None  # The checkpoint's; an export's newest (averaged) step.
   task: Task
+  weights: str = 'raw'  # 'ema': the moving average of the parameters.
 
 
 def local_mesh():
@@ -51,11 +53,11 @@ def _run_of(extra: dict) -> RunSpec:
   return RunSpec.build(ml_collections.ConfigDict(extra['config']), local_mesh())
 
 
-def _trained(params, extra: dict, step: int | None) -> Trained:
+def _trained(params, extra: dict, step: int | None, weights: str) -> Trained:
   run = _run_of(extra)
   tokenizers = tokenizers_from_extra(extra)
   return Trained(params, run.model_config, run.config, tokenizers[0],
-                 tokenizers[-1], step, run.task)
+                 tokenizers[-1], step, run.task, weights)
 
 
 def _abstract_params_of(extra: dict):
@@ -63,10 +65,41 @@ def _abstract_params_of(extra: dict):
   return _run_of(extra).abstract_params()
 
 
-def load(directory: str, step: int | None = None) -> Trained:
+def weights_of(directory: str, extra: dict, weights: str | None) -> str:
+  """Which weights of the checkpoints whose `extra` this is a command uses
+  (`--weights`, else the moving average where they keep one)."""
+  return ema_lib.choose(weights, ema_lib.kept_by(extra['config']),
+                        f'{directory} (its config has train.ema_decay=0)')
+
+
+def read_weights(reader, step: int, extra: dict, weights: str):
+  """The parameters of `step` ('raw') or their moving average ('ema'), in
+  the parameters' dtypes and layout."""
+  abstract = _abstract_params_of(extra)
+  if weights == 'raw':
+    return reader.restore_params(step, abstract)
+  as_float32 = jax.tree.map(lambda x: jax.ShapeDtypeStruct(
+      x.shape, 'float32', sharding=x.sharding), abstract)
+  return ema_lib.as_params(
+      reader.restore_params(step, as_float32, item='ema'), abstract)
+
+
+def _export_weights(directory: str, extra: dict, weights: str | None) -> str:
+  """The weights an export holds; --weights, if given, must name them."""
+  held = extra.get('weights', 'raw')
+  if weights is not None and weights != held:
+    raise ValueError(f'--weights {weights}: the export {directory} holds '
+                     f'only its {held} weights; leave out --weights.')
+  return held
+
+
+def load(directory: str, step: int | None = None,
+         weights: str | None = None) -> Trained:
   """The model of the latest (or the given) checkpoint in the training
   workdir `directory`, or of the export there, on this process's devices.
-  Only parameters are read: no optimizer is built or restored.
+  Only parameters are read: no optimizer is built or restored. `weights`
+  (`--weights`): 'ema' or 'raw'; None: the moving average of the
+  parameters where the run keeps one.
 
   A latest step that cannot be restored is reported (on stderr, naming
   both steps) and the one before used."""
@@ -76,7 +109,8 @@ def load(directory: str, step: int | None = None) -> Trained:
                        'parameters (no steps); leave out --checkpoint.')
     extra, params = exports.restore_export(directory, _abstract_params_of)
     steps = extra.get('steps') or [None]
-    return _trained(params, extra, steps[-1])
+    return _trained(params, extra, steps[-1],
+                    _export_weights(directory, extra, weights))
   if not paths.is_dir(paths.join(directory, 'checkpoints')):
     raise FileNotFoundError(
         f'No checkpoints in {directory}: train first with `jaxformer train '
@@ -94,8 +128,13 @@ def load(directory: str, step: int | None = None) -> Trained:
   for candidate in candidates:
     try:
       extra = reader.restore_extra(candidate)
-      params = reader.restore_params(candidate, _abstract_params_of(extra))
-      model = _trained(params, extra, candidate)
+    except Exception as e:  # A damaged step: try the previous one.
+      errors.append(f'step {candidate}: {type(e).__name__}: {e}')
+      continue
+    chosen = weights_of(directory, extra, weights)
+    try:
+      params = read_weights(reader, candidate, extra, chosen)
+      model = _trained(params, extra, candidate, chosen)
     except Exception as e:  # A damaged step: try the previous one.
       errors.append(f'step {candidate}: {type(e).__name__}: {e}')
       continue
@@ -110,30 +149,35 @@ def load(directory: str, step: int | None = None) -> Trained:
 
 
 def export(workdir: str, out: str, step: int | None = None,
-           keep_provenance: bool = False) -> int:
+           keep_provenance: bool = False, weights: str | None = None) -> int:
   """Exports the parameters of `step` (default: the latest) of `workdir`
-  to `out` (with `workdir` and the run's data paths if `keep_provenance`);
-  returns the step."""
+  to `out` (with `workdir` and the run's data paths if `keep_provenance`;
+  `weights` as `load` takes them); returns the step."""
   reader = checkpoint_lib.Checkpointer.reader(workdir)
   step = exports.step_to_export(reader, step)
   extra = exports.read_step(reader, step, reader.restore_extra)
-  target = _abstract_params_of(extra)
+  chosen = weights_of(workdir, extra, weights)
   params = exports.read_step(
-      reader, step, lambda s: reader.restore_params(s, target))
+      reader, step, lambda s: read_weights(reader, s, extra, chosen))
   exports.export_params(out, params, dict(
-      extra, steps=[step], source=reader.directory), keep_provenance)
+      extra, steps=[step], source=reader.directory, weights=chosen),
+      keep_provenance)
   return step
 
 
 def average(workdir: str, last: int, out: str,
-            keep_provenance: bool = False) -> list[int]:
+            keep_provenance: bool = False,
+            weights: str | None = None) -> list[int]:
   """Exports the mean parameters of the newest `last` checkpoints of
-  `workdir` to `out` (as the paper averages the last 5 or 20; paths as
-  `export`); returns the averaged steps."""
+  `workdir` to `out` (as the paper averages the last 5 or 20; paths and
+  `weights` as `export`); returns the averaged steps."""
   reader = checkpoint_lib.Checkpointer.reader(workdir)
   steps = exports.steps_to_average(reader, last)
   extra = exports.read_step(reader, steps[-1], reader.restore_extra)
-  mean = exports.mean_params(reader, steps, _abstract_params_of(extra))
+  chosen = weights_of(workdir, extra, weights)
+  mean = exports.mean_params(
+      reader, steps, None, lambda s: read_weights(reader, s, extra, chosen))
   exports.export_params(out, mean, dict(
-      extra, steps=steps, source=reader.directory), keep_provenance)
+      extra, steps=steps, source=reader.directory, weights=chosen),
+      keep_provenance)
   return steps

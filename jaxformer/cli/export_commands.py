@@ -1,18 +1,19 @@
 """The commands that write a model in another form: average, export and
 import."""
 from jaxformer.cli.arguments import NON_NEGATIVE_INT, POSITIVE_INT, path
+from jaxformer.cli.model_commands import add_weights_arg
 
 
 def cmd_average(args, overrides) -> int:
   from jaxformer.checkpoints import trained
   steps = trained.average(args.workdir, args.last, args.out,
-                          args.keep_provenance)
+                          args.keep_provenance, args.weights)
   print(f'Wrote the mean parameters of steps {steps} to {args.out}; use it '
         f'like a workdir: jaxformer translate --workdir {args.out}')
   return 0
 
 
-EXPORT_FORMATS = ('jaxformer', 'ct2', 'hf')
+EXPORT_FORMATS = ('jaxformer', 'ct2', 'hf', 'peft')
 
 
 def cmd_export(args, overrides) -> int:
@@ -31,11 +32,11 @@ def cmd_export(args, overrides) -> int:
   from jaxformer.checkpoints import trained
   if args.format == 'jaxformer':
     step = trained.export(args.workdir, args.out, args.checkpoint,
-                          args.keep_provenance)
+                          args.keep_provenance, args.weights)
     print(f'Wrote the parameters of step {step} to {args.out}; use it like a '
           f'workdir: jaxformer translate --workdir {args.out}')
     return 0
-  model = trained.load(args.workdir, args.checkpoint)
+  model = trained.load(args.workdir, args.checkpoint, args.weights)
   print(_export_other_format(model, args))
   return 0
 
@@ -47,7 +48,13 @@ def _export_other_format(model, args) -> str:
   model as a Hugging Face BERT/RoBERTa/XLM-R. Returns the line
   that says how to use it."""
   from jaxformer.interop import (ct2, ct2_encoder, ct2_lm, hf_bert, hf_llama,
-                                 hf_m2m100, hf_marian)
+                                 hf_m2m100, hf_marian, peft)
+  if args.format == 'peft':
+    out = peft.export(model, args.out)
+    return (f'Wrote the LoRA adapter to {out}; load it with PeftModel.'
+            f'from_pretrained(base, {out!r}) over the base model it was '
+            'trained on.')
+  model = peft.merged(model)  # The other formats have no adapters.
   generates = model.task.generates
   if args.format == 'ct2' and model.task.name in ('classification',
                                                   'regression'):
@@ -122,6 +129,8 @@ def cmd_import(args, overrides) -> int:
         args.from_, args.out, default_config(), args.keep_provenance)
     print(m2m100.report(config, languages, args.out))
     return 0
+  if args.adapter is not None:
+    return _import_adapter(args, model_type)
   if model_type in llama.MODEL_TYPES:
     config, model_type = llama.import_folder(
         args.from_, args.out, default_config(), args.dtype,
@@ -137,6 +146,25 @@ def cmd_import(args, overrides) -> int:
                                 warn=marian.main_warn,
                                 keep_provenance=args.keep_provenance)
   print(marian.report(config, args.out))
+  return 0
+
+
+def _import_adapter(args, model_type: str) -> int:
+  """A Llama-family base with a PEFT LoRA adapter (interop/peft.py)."""
+  from jaxformer.config.settings import default_config
+  from jaxformer.interop import llama, peft
+  if model_type not in llama.MODEL_TYPES:
+    raise ValueError(f'--adapter: PEFT adapters import over Llama-family '
+                     f'bases ({", ".join(llama.MODEL_TYPES)}); '
+                     f'{args.from_} is {model_type!r}.')
+  config, model_type = peft.import_folder(
+      args.from_, args.adapter, args.out, default_config(), args.dtype,
+      args.keep_provenance)
+  print(llama.report(config, model_type, args.out) + '\n'
+        f'  with the LoRA adapter of {args.adapter} (model.lora: rank '
+        f'{config.lora.rank} on {config.lora.targets}); '
+        f'jaxformer export --format peft --from {args.out} --out DIR '
+        'writes it back.')
   return 0
 
 
@@ -163,6 +191,7 @@ def add_parsers(commands) -> None:
                        help='how many of the newest checkpoints (default 5)')
   average.add_argument('--out', required=True, type=path,
                        help='directory to create for the export')
+  add_weights_arg(average)
   add_provenance_arg(average)
   average.set_defaults(run=cmd_average)
 
@@ -182,10 +211,13 @@ def add_parsers(commands) -> None:
                       help='jaxformer (default), ct2 (CTranslate2 Translator, '
                       'Generator or Encoder) or hf (Hugging Face '
                       'MarianMTModel, LlamaForCausalLM / Qwen2ForCausalLM, '
-                      'or BERT / RoBERTa / XLM-R ForSequenceClassification)')
+                      'or BERT / RoBERTa / XLM-R ForSequenceClassification; '
+                      'LoRA adapters merged) or peft (a LoRA model\'s '
+                      'adapters as a PEFT folder)')
   export.add_argument('--quantization', default=None,
                       help='ct2 weights: int8, int8_float32, bfloat16 or '
                       'float16 (default: float32)')
+  add_weights_arg(export)
   add_provenance_arg(export)
   export.set_defaults(run=cmd_export)
 
@@ -206,6 +238,10 @@ def add_parsers(commands) -> None:
                        help='Llama family: the parameters\' dtype, float32 '
                        '(default; bfloat16 checkpoints are widened exactly) '
                        'or bfloat16 (also the dtype it computes in)')
+  import_.add_argument('--adapter', type=path, default=None,
+                       help='Llama family: a PEFT LoRA adapter folder '
+                       '(adapter_config.json, adapter_model.safetensors) '
+                       'made for the --from model, imported as model.lora')
   import_.add_argument('--num-labels', type=POSITIVE_INT, default=None,
                        help='BERT family base models: a fresh head of N '
                        'classes named 0..N-1 (1: a regressor; default: the '

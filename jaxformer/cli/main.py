@@ -7,7 +7,7 @@ import sys
 import traceback
 
 from jaxformer.cli import (exiting, export_commands, model_commands,
-                           train_commands)
+                           plot_commands, train_commands)
 from jaxformer.cli.arguments import USAGE_OVERRIDES
 from jaxformer.runtime import library_logs
 from jaxformer.storage import errors, paths
@@ -27,6 +27,7 @@ def build_parser() -> argparse.ArgumentParser:
 
   train_commands.add_train(commands)
   model_commands.add_parsers(commands)
+  plot_commands.add_parsers(commands)
   export_commands.add_parsers(commands)
   train_commands.add_compile(commands)
   return parser

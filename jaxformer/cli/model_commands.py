@@ -1,11 +1,13 @@
 """The commands that use a trained model (a training workdir or an
-export): translate, predict, generate, evaluate, attention; and curves,
-which plots a workdir's metrics."""
+export): translate, predict, generate, evaluate (attention and curves,
+which draw pictures: `plot_commands.py`)."""
 import json
 import sys
 
+from jaxformer.cli import chat_args
 from jaxformer.cli.arguments import (NON_NEGATIVE_FLOAT, NON_NEGATIVE_INT,
                                      POSITIVE_INT, number, path)
+from jaxformer.cli import translation_flags
 from jaxformer.storage import paths
 
 
@@ -54,7 +56,8 @@ def load_trained(args, overrides):
   from jaxformer.config import settings as config_lib
   from jaxformer.checkpoints import trained
   from jaxformer.data import language_tokenizer
-  model = trained.load(args.workdir, args.checkpoint)
+  model = trained.load(args.workdir, args.checkpoint,
+                       getattr(args, 'weights', None))
   saved = config_lib.trained_model_config(model.config)
   overrides = [*overrides, *language_overrides(args)]
   config = path_keys.resolve_paths(
@@ -117,7 +120,7 @@ def _bulk_translation(args, overrides):
       invalid_utf8=args.invalid_utf8, beam_size=beam, alpha=alpha,
       max_extra_len=extra,
       max_source_length=model.config.data.max_source_length,
-      on_too_long=args.on_too_long)
+      on_too_long=args.on_too_long, target_prefix=args.target_prefix or '')
   return (files, decoders.Translation(model, settings),
           provenance.model_identity(model))
 
@@ -144,21 +147,27 @@ def _bulk_generation(args, overrides):
 
 
 def cmd_translate(args, overrides) -> int:
+  prefixes = translation_flags.prefixes(args)
+  constraints = translation_flags.constraints(args)
+  members = translation_flags.ensemble(args, overrides, load_translator)
   if args.output:
     from jaxformer.cli import bulk_commands
     return bulk_commands.cmd_bulk(args, overrides, _bulk_translation)
-  from jaxformer.inference import evaluate
-  model = load_translator(args, overrides)
+  from jaxformer.inference import ensemble, evaluate
+  model = members[0] if members else load_translator(args, overrides)
   config = model.config
   stream = input_lines(args)
   beam, alpha, extra = decode_choices(args, config)
-  for line in evaluate.translate(
-      model.params, model.model_config, model.source_tok, model.target_tok,
-      stream, beam_size=beam,
-      alpha=alpha, max_extra_len=extra, batch_size=args.batch_size,
+  settings = dict(
+      beam_size=beam, alpha=alpha, max_extra_len=extra,
+      batch_size=args.batch_size,
       max_source_length=config.data.max_source_length,
-      on_too_long=args.on_too_long,
-      warn=lambda text: print(text, file=sys.stderr)):
+      on_too_long=args.on_too_long, prefixes=prefixes,
+      warn=lambda text: print(text, file=sys.stderr), **constraints)
+  for line in (ensemble.translate(members, stream, **settings) if members
+               else evaluate.translate(model.params, model.model_config,
+                                       model.source_tok, model.target_tok,
+                                       stream, **settings)):
     print(line, flush=True)
   return 0
 
@@ -186,6 +195,7 @@ def cmd_generate(args, overrides) -> int:
   from jaxformer.inference import predict
   if args.input and args.prompt is not None:
     raise ValueError('--prompt and --input both give prompts; pass one.')
+  chat_args.check_chat(args)
   if args.output:
     from jaxformer.cli import bulk_commands
     return bulk_commands.cmd_bulk(args, overrides, _bulk_generation)
@@ -197,7 +207,7 @@ def cmd_generate(args, overrides) -> int:
       max_new_tokens=args.max_new_tokens, max_len=args.max_len,
       temperature=args.temperature, top_k=args.top_k, top_p=args.top_p,
       seed=args.seed, on_too_long=args.on_too_long,
-      warn=lambda text: print(text, file=sys.stderr)):
+      warn=lambda text: print(text, file=sys.stderr), chat=args.chat):
     print(json.dumps(out.record()) if args.jsonl else out.whole, flush=True)
   return 0
 
@@ -207,15 +217,19 @@ def cmd_evaluate(args, overrides) -> int:
   report), an export's never (cli/workdir_data.py)."""
   from jaxformer.checkpoints import trained
   from jaxformer.cli import workdir_data
-  from jaxformer.inference import evaluate
+  from jaxformer.inference import ensemble, evaluate
   data = workdir_data.workdir_data(args.workdir, overrides)
-  model = load_translator(
-      args, [*overrides, *(f'--config.{k}={v}' for k, v in data.items())])
-  scores, hypotheses = evaluate.decode_split(
+  overrides = [*overrides, *(f'--config.{k}={v}' for k, v in data.items())]
+  members = translation_flags.ensemble(args, overrides, load_translator)
+  model = members[0] if members else load_translator(args, overrides)
+  scores, hypotheses = (ensemble.decode_split(
+      members, args.split, beam_size=args.beam, alpha=args.alpha) if members
+                        else evaluate.decode_split(
       model.params, model.model_config, model.config, model.source_tok,
       model.target_tok, args.split, trained.local_mesh(),
-      beam_size=args.beam, alpha=args.alpha)
-  report = dict(scores, split=args.split)
+      beam_size=args.beam, alpha=args.alpha))
+  report = dict(scores, split=args.split, weights=model.weights,
+                **translation_flags.ensemble_report(args))
   read = {k: v for k, v in data.items()
           if f'.{args.split}' in k or k.startswith('data.tfds.')}
   if read:
@@ -227,55 +241,6 @@ def cmd_evaluate(args, overrides) -> int:
   return 0
 
 
-def cmd_attention(args, overrides) -> int:
-  import numpy as np
-  from jaxformer.data import language_tokenizer
-  from jaxformer.inference import search
-  from jaxformer.inference import evaluate
-  from jaxformer.inference import plots
-  model = load_translator(args, overrides)
-  config, model_config = model.config, model.model_config
-  source_tok, target_tok = model.source_tok, model.target_tok
-  rows, _ = evaluate.encode_sources(source_tok, [args.src],
-                                    config.data.max_source_length)
-  forced = language_tokenizer.first_id(target_tok)
-  tokens, weights = search.greedy_decode(
-      model.params, model_config, rows, return_attention=True,
-      forced_ids=-1 if forced is None else forced,
-      max_decode_len=search.decode_length(
-          rows.shape[1], config.decode.max_extra_len, model_config.max_len))
-  tokens, weights = np.asarray(tokens[0]), np.asarray(weights[0])
-  if not 0 <= args.layer < weights.shape[0]:
-    raise ValueError(f'--layer must be in [0, {weights.shape[0]}).')
-  if args.head is not None and not 0 <= args.head < weights.shape[1]:
-    raise ValueError(f'--head must be in [0, {weights.shape[1]}).')
-  source_length = int((rows[0] != model_config.pad_id).sum())
-  eos = model_config.eos_id
-  target_length = int(np.argmax(tokens == eos)) + 1 if eos in tokens else int(
-      (tokens != model_config.pad_id).sum())
-  layer = weights[args.layer]
-  grid = layer.mean(0) if args.head is None else layer[args.head]
-  grid = grid[:target_length, :source_length]
-  head = 'mean of heads' if args.head is None else f'head {args.head}'
-  plots.attention_heatmap(
-      grid, [source_tok.id_to_piece(int(t)) for t in rows[0, :source_length]],
-      [target_tok.id_to_piece(int(t)) for t in tokens[:target_length]],
-      args.out, title=f'cross-attention, layer {args.layer}, {head}')
-  print(f'{target_tok.decode(tokens)}\nwrote {args.out}')
-  return 0
-
-
-def cmd_curves(args, overrides) -> int:
-  from jaxformer.inference import plots
-  from jaxformer.run.metrics import has_metrics, metrics_path, read_metrics
-  if not has_metrics(args.workdir):
-    raise FileNotFoundError(f'{metrics_path(args.workdir)} does not exist; is '
-                            f'{args.workdir} a training workdir?')
-  plots.training_curves(read_metrics(args.workdir), args.out)
-  print(f'wrote {args.out}')
-  return 0
-
-
 def add_model_args(p, overrides=True):
   if overrides:
     p.epilog = ('Config overrides of the saved config (decode.*, eval.*, '
@@ -284,6 +249,14 @@ def add_model_args(p, overrides=True):
                  help='a training workdir')
   p.add_argument('--checkpoint', type=NON_NEGATIVE_INT, default=None,
                  help='step to use (default: the latest)')
+  add_weights_arg(p)
+
+
+def add_weights_arg(p) -> None:
+  p.add_argument('--weights', choices=('ema', 'raw'), default=None,
+                 help='the moving average of the parameters (ema) or the '
+                 'parameters (raw); default: ema where the run keeps one '
+                 '(train.ema_decay > 0)')
 
 
 def add_output_args(p, what: str, batches: str) -> None:
@@ -298,7 +271,8 @@ def add_output_args(p, what: str, batches: str) -> None:
 
 
 def add_parsers(commands) -> None:
-  """translate, predict, generate, evaluate, attention and curves."""
+  """translate, predict, generate and evaluate (attention and curves:
+  `plot_commands.py`)."""
   translate = commands.add_parser(
       'translate', help='translate lines from stdin (or --input) to stdout, '
       'or a corpus to --output on every process of a run')
@@ -314,6 +288,8 @@ def add_parsers(commands) -> None:
   translate.add_argument('--batch-size', type=POSITIVE_INT, default=32)
   translate.add_argument('--on-too-long', choices=('truncate', 'error'),
                          default='truncate')
+  translation_flags.add_prefix_args(translate)
+  translation_flags.add_ensemble_arg(translate)
   translate.set_defaults(run=cmd_translate)
 
   predict = commands.add_parser(
@@ -339,6 +315,7 @@ def add_parsers(commands) -> None:
                   'line number and --seed alone')
   generate.add_argument('--prompt', default=None,
                         help='text to continue (default: the empty text)')
+  chat_args.add_chat_arg(generate)
   generate.add_argument('--num', type=POSITIVE_INT, default=1,
                         help='continuations of each prompt')
   generate.add_argument('--jsonl', action='store_true',
@@ -373,25 +350,8 @@ def add_parsers(commands) -> None:
   add_language_args(evaluate)
   evaluate.add_argument('--beam', type=POSITIVE_INT, default=None)
   evaluate.add_argument('--alpha', type=NON_NEGATIVE_FLOAT, default=None)
+  translation_flags.add_ensemble_arg(evaluate)
   evaluate.add_argument('--hypotheses', type=path, default=None,
                         help='file to write the decoded split to, one line '
                         'each (default: none written)')
   evaluate.set_defaults(run=cmd_evaluate)
-
-  attention = commands.add_parser(
-      'attention', help='plot the cross-attention of one translation')
-  add_model_args(attention)
-  attention.add_argument('--src', required=True, help='the source sentence')
-  add_language_args(attention)
-  attention.add_argument('--layer', type=NON_NEGATIVE_INT, default=0)
-  attention.add_argument('--head', type=NON_NEGATIVE_INT, default=None,
-                         help='default: the mean over heads')
-  attention.add_argument('--out', required=True, type=path,
-                         help='a .png path')
-  attention.set_defaults(run=cmd_attention)
-
-  curves = commands.add_parser('curves',
-                               help='plot loss/BLEU curves of a run')
-  curves.add_argument('--workdir', required=True, type=path)
-  curves.add_argument('--out', required=True, type=path, help='a .png path')
-  curves.set_defaults(run=cmd_curves)

@@ -73,6 +73,9 @@ RANGES = {
     'model.pad_id': NON_NEGATIVE,  # ids of the vocabulary (ModelConfig checks
     'model.eos_id': NON_NEGATIVE,  # they lie inside it)
     'model.decoder_start_id': NON_NEGATIVE,
+    'model.lora.rank': POSITIVE,
+    'model.lora.alpha': ABOVE_ZERO,
+    'model.lora.dropout': PROBABILITY,
     'data.builtin.num_train': POSITIVE,
     'data.builtin.num_dev': NON_NEGATIVE,
     'data.builtin.num_test': NON_NEGATIVE,
@@ -98,6 +101,7 @@ RANGES = {
     'train.eps': ABOVE_ZERO,
     'train.weight_decay': NON_NEGATIVE,
     'train.grad_clip_norm': NON_NEGATIVE,
+    'train.ema_decay': PROBABILITY,  # 0: no moving average
     'train.label_smoothing': PROBABILITY,
     'train.grad_accum_steps': POSITIVE,
     'train.log_every': POSITIVE,

@@ -26,9 +26,10 @@ RESUMABLE_CHANGES = ('train.', 'eval.', 'checkpoint.', 'decode.', 'init.',
                      'seed')
 
 # Resumable keys that still change the layout of the saved state: the RNG
-# key's implementation, and clipping or weight decay switched on or off.
+# key's implementation, clipping, weight decay or the parameters' moving
+# average switched on or off.
 STATE_LAYOUT = {'train.prng_impl': str, 'train.grad_clip_norm': bool,
-                'train.weight_decay': bool}
+                'train.weight_decay': bool, 'train.ema_decay': bool}
 
 
 def _flatten(config: dict, prefix: str = '') -> dict[str, object]:
@@ -90,7 +91,8 @@ def check_compatible(checkpoints: Checkpointer,
         f'different config ({details}). Use another --workdir, or undo '
         'these changes (train.*, eval.*, checkpoint.* and decode.* may '
         'change on resume, except train.prng_impl and switching '
-        'train.grad_clip_norm or train.weight_decay between 0 and non-zero).')
+        'train.grad_clip_norm, train.weight_decay or train.ema_decay '
+        'between 0 and non-zero).')
 
 
 def _row_layout(order: dict) -> str:

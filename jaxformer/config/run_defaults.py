@@ -31,6 +31,7 @@ def train_defaults() -> ml_collections.ConfigDict:
       weight_decay=0.0,  # > 0: AdamW
       grad_clip_norm=0.0,  # 0: no clipping
       label_smoothing=0.1,
+      ema_decay=0.0,  # > 0: an average of the parameters (train/ema.py)
       grad_accum_steps=1,
       prng_impl='threefry2x32',
       nan_policy='stop',  # skip: non-finite steps are not applied

@@ -176,6 +176,14 @@ class HFTokenizer:
     return [encoding.ids for encoding in self._backend.encode_batch(
         list(texts), add_special_tokens=True)]
 
+  def encode_with_offsets(self, text: str
+                          ) -> tuple[list[int], list[tuple[int, int]]]:
+    """(token ids, each token's (start, end) characters) of `text` with no
+    special tokens added: as `AutoTokenizer(text, add_special_tokens=False)`
+    (a chat template's rendering, data/chat_template.py)."""
+    encoding = self._backend.encode(text, add_special_tokens=False)
+    return encoding.ids, [tuple(offset) for offset in encoding.offsets]
+
   def encode_pair(self, text_a: str, text_b: str | None = None,
                   max_length: int | None = None
                   ) -> tuple[list[int], list[int]]:

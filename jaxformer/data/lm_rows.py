@@ -24,6 +24,11 @@ as Hugging Face's does: its prompt/response rows start with that token
                      input: -1 (the model's start token), or, without a
                      BOS, the prompt's first token (the row's targets then
                      begin with its second).
+  'chat'             one conversation a line, JSON {"messages": [...]}
+                     (data.source=text), rendered with the tokenizer's chat
+                     template (data/chat_template.py): one per row, laid
+                     out as 'prompt_response', the loss on the assistant's
+                     tokens (as apply_chat_template's assistant mask).
 """
 
 from __future__ import annotations
@@ -32,9 +37,11 @@ from collections.abc import Sequence
 
 import numpy as np
 
-from jaxformer.data import sources
+from jaxformer.data import chat_template, sources
 
-LM_ROWS = ('packed', 'prompt_response')
+LM_ROWS = ('packed', 'prompt_response', 'chat')
+# The layouts whose rows carry LOSS_MASK and ROW_START.
+MASKED_LAYOUTS = ('prompt_response', 'chat')
 # The batch key of the per-token loss mask (1: trained on, 0: not).
 LOSS_MASK = 'targets_loss_mask'
 # The batch key of each row's first input (-1: the model's start token).
@@ -101,24 +108,46 @@ def first_token_is_input(tokenizer) -> bool:
 
 def pair_rows(pairs: Sequence[tuple[list[int], int]], width: int,
               first_is_input: bool = False) -> dict[str, np.ndarray]:
-  """'targets', its segment ids and positions, and LOSS_MASK [pairs,
-  width] int32, and ROW_START [pairs] int32: one (ids, response start)
-  pair per row, cut at `width`, segment id 1 on its tokens (0: padding),
-  the mask 1 from the response on. With `first_is_input`, a pair's first
-  token is its row's start instead of its first target."""
-  rows = {key: np.zeros((len(pairs), width), np.int32) for key in (
+  """`masked_rows` of (ids, response start) pairs: the mask 1 from the
+  response on."""
+  return masked_rows([(ids, [0] * start + [1] * (len(ids) - start))
+                      for ids, start in pairs], width, first_is_input)
+
+
+def masked_rows(examples: Sequence[tuple[list[int], list[int]]], width: int,
+                first_is_input: bool = False) -> dict[str, np.ndarray]:
+  """'targets', its segment ids and positions, and LOSS_MASK [examples,
+  width] int32, and ROW_START [examples] int32: one (ids, loss mask)
+  example per row, cut at `width`, segment id 1 on its tokens (0:
+  padding). With `first_is_input`, an example's first token is its row's
+  start instead of its first target."""
+  rows = {key: np.zeros((len(examples), width), np.int32) for key in (
       'targets', 'targets_segment_ids', 'targets_positions', LOSS_MASK)}
-  rows[ROW_START] = np.full(len(pairs), -1, np.int32)
-  for row, (ids, start) in enumerate(pairs):
+  rows[ROW_START] = np.full(len(examples), -1, np.int32)
+  for row, (ids, mask) in enumerate(examples):
     if first_is_input and ids:
       rows[ROW_START][row] = ids[0]
-      ids, start = ids[1:], max(start - 1, 0)
-    ids = ids[:width]
+      ids, mask = ids[1:], mask[1:]
+    ids, mask = ids[:width], mask[:width]
     rows['targets'][row, :len(ids)] = ids
     rows['targets_segment_ids'][row, :len(ids)] = 1
     rows['targets_positions'][row, :len(ids)] = np.arange(len(ids))
-    rows[LOSS_MASK][row, start:len(ids)] = 1
+    rows[LOSS_MASK][row, :len(ids)] = mask
   return rows
+
+
+def chat_examples(tokenizer, lines: Sequence[str], split: str
+                  ) -> list[tuple[list[int], list[int]]]:
+  """(ids, assistant mask) of each conversation line, without the BOS
+  the template writes (the model's start token stands for it)."""
+  template = chat_template.template_of(tokenizer)
+  examples = []
+  for messages in chat_template.read_conversations(lines, split):
+    ids, mask = chat_template.conversation_ids(tokenizer, template, messages)
+    if len(_without_bos(tokenizer, ids)) < len(ids):
+      ids, mask = ids[1:], mask[1:]
+    examples.append((ids, mask))
+  return examples
 
 
 def language_model_rows(data_config, texts: Sequence[str],
@@ -129,6 +158,9 @@ def language_model_rows(data_config, texts: Sequence[str],
   layout = data_config.get('lm_rows', 'packed')
   if layout == 'packed':
     return pack_documents(document_ids(tokenizer, texts), width)
+  if layout == 'chat':
+    return masked_rows(chat_examples(tokenizer, texts, split), width,
+                       first_token_is_input(tokenizer))
   if layout != 'prompt_response':
     raise sources.DataError(f'data.lm_rows={layout!r} is not one of '
                             f'{list(LM_ROWS)}')

@@ -24,7 +24,7 @@ from jaxformer.model.config import ModelConfig
 from jaxformer.model.incremental import (StepFn, encoder_outputs, init_cache,
                                          translation_step_fn)
 from jaxformer.data.token_ids import PAD_ID
-from jaxformer.inference.search import (ALPHA, BEAM_SIZE, NEG_INF,
+from jaxformer.inference.search import (ALPHA, BEAM_SIZE, NEG_INF, forced_at,
                                         previous_tokens, translation_arguments)
 
 
@@ -76,14 +76,17 @@ def best_possible_score(alive_logprob: jax.Array, step: jax.Array,
 
 def beam_search_step(state: BeamState, step_fn: StepFn, *, alpha, eos_id,
                      max_decode_len: int, early_exit=True,
-                     start_id: int = PAD_ID, forced_ids=None) -> BeamState:
+                     start_id: int = PAD_ID, forced_ids=None,
+                     log_probs_fn=jax.nn.log_softmax) -> BeamState:
   """Extends every live beam by one token.
 
   The 2 * beam best extensions are enough to keep `beam` live ones, as at most
   one extension per beam ends in EOS. Extensions ending in EOS that rank among
   the best `beam` enter the finished set with score log p / length_penalty.
-  forced_ids: [batch] int32, the first token of each sentence (log p 0,
-  every other -inf, as Hugging Face forces a token), -1 where none.
+  forced_ids: [batch, p] int32, the first tokens of each sentence (log p
+  0, every other -inf, as Hugging Face forces a token), -1 where none.
+  log_probs_fn: step_fn's output [rows, v] -> log-probabilities (the
+  identity where step_fn returns them, as an ensemble's does).
   """
   batch, beam, _ = state.alive_tokens.shape
   step = state.step
@@ -91,11 +94,12 @@ def beam_search_step(state: BeamState, step_fn: StepFn, *, alpha, eos_id,
       state.cache,
       previous_tokens(state.alive_tokens, step, start_id).reshape(
           batch * beam), step)
-  log_probs = jax.nn.log_softmax(logits).reshape(batch, beam, -1)
+  log_probs = log_probs_fn(logits).reshape(batch, beam, -1)
   vocab = log_probs.shape[-1]
   if forced_ids is not None:
-    forcing = ((step == 0) & (forced_ids >= 0))[:, None, None]
-    only = jnp.arange(vocab) == forced_ids[:, None, None]
+    forced = forced_at(forced_ids, step)
+    forcing = (forced >= 0)[:, None, None]
+    only = jnp.arange(vocab) == forced[:, None, None]
     log_probs = jnp.where(forcing, jnp.where(only, 0.0, NEG_INF), log_probs)
 
   candidate_logprob = (state.alive_logprob[..., None] + log_probs).reshape(
@@ -215,8 +219,8 @@ def beam_search(params, config: ModelConfig, inputs, *,
     batch_parts: decode this many blocks of sentences concurrently
       (`cpu_kernels.search_in_parts`); defaults to
       `cpu_kernels.default_batch_parts(inputs)`.
-    forced_ids: [batch] int (or one int), each sentence's first token, -1
-      (the default) where it is searched (`search.greedy_decode`).
+    forced_ids: [batch, p] int (or [batch], or one int), each sentence's
+      first tokens, -1 (the default) where searched (`search.greedy_decode`).
 
   Returns:
     (tokens [batch, beam, max_decode_len] int32, best first, pad_id after EOS;

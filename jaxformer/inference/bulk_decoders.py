@@ -17,8 +17,8 @@ import sys
 import jax
 import numpy as np
 
-from jaxformer.data import language_tokenizer
-from jaxformer.inference import evaluate, generation, predict
+
+from jaxformer.inference import evaluate, generation, predict, target_prefix
 from jaxformer.inference.bulk import Chunking
 
 
@@ -33,6 +33,7 @@ class TranslateSettings(Chunking):
   max_extra_len: int
   max_source_length: int
   on_too_long: str = 'truncate'  # or 'error'
+  target_prefix: str = ''  # Every translation starts with it.
 
 
 class Translation:
@@ -44,22 +45,24 @@ class Translation:
   def __init__(self, model, settings: TranslateSettings):
     self.model, self.settings, self.params = model, settings, model.params
 
-  def inputs(self, lines: list[str], numbers: list[int]) -> np.ndarray:
-    """Source rows [batch_size, s]."""
+  def inputs(self, lines: list[str], numbers: list[int]):
+    """(source rows [batch_size, s], the ids forced first: `target_prefix`
+    `forced_ids`)."""
     s = self.settings
-    return evaluate.source_batch(
+    rows = evaluate.source_batch(
         self.model.source_tok, lines, [n + 1 for n in numbers],
         batch_size=s.batch_size, max_source_length=s.max_source_length,
         on_too_long=s.on_too_long, warn=warn)
+    return rows, target_prefix.forced_ids(
+        self.model.target_tok, [s.target_prefix] * len(lines), len(rows))
 
-  def decode(self, params, rows: np.ndarray, device: jax.Device
-             ) -> np.ndarray:
+  def decode(self, params, inputs, device: jax.Device) -> np.ndarray:
     s = self.settings
+    rows, forced = inputs
     return evaluate.decode_rows(
         params, self.model.model_config, rows, beam_size=s.beam_size,
         alpha=s.alpha, max_extra_len=s.max_extra_len, batch_parts=1,
-        device=device,
-        forced_id=language_tokenizer.first_id(self.model.target_tok))
+        device=device, forced=forced)
 
   def outputs(self, rows, tokens: np.ndarray, lines: list[str]
               ) -> tuple[list[str], int]:

@@ -10,7 +10,9 @@ import sacrebleu
 from jax.experimental import multihost_utils
 
 from jaxformer.inference import beam_search
+from jaxformer.inference import constrained
 from jaxformer.inference import search
+from jaxformer.inference import target_prefix
 from jaxformer.parallel import mesh as mesh_lib
 from jaxformer.data import language_tokenizer, pipeline
 from jaxformer.data import sources
@@ -41,12 +43,13 @@ def decode_tokens(params, model_config: ModelConfig, inputs, *,
                   beam_size: int, alpha: float, max_decode_len: int,
                   eos_id: int | None = None,
                   batch_parts: int | None = None,
-                  forced_id: int | None = None) -> jax.Array:
+                  forced=None) -> jax.Array:
   """Best translation's tokens [batch, max_decode_len] (greedy if beam 1);
-  batch_parts as the searches take it (None: their default); forced_id:
-  every translation's first token (a many-to-many model's target
-  language), None for none."""
-  forced = -1 if forced_id is None else forced_id
+  batch_parts as the searches take it (None: their default); forced: every
+  translation's first token (a many-to-many model's target language), or
+  each row's first tokens [batch, p] (-1 past its target prefix), None for
+  none."""
+  forced = -1 if forced is None else forced
   if beam_size <= 1:
     return search.greedy_decode(params, model_config, inputs,
                                 max_decode_len=max_decode_len, eos_id=eos_id,
@@ -116,12 +119,14 @@ def decode_rows(params, model_config: ModelConfig, rows: np.ndarray, *,
                 beam_size: int, alpha: float, max_extra_len: int,
                 batch_parts: int | None = None,
                 device: jax.Device | None = None,
-                forced_id: int | None = None) -> np.ndarray:
+                forced=None) -> np.ndarray:
   """Best tokens [batch, length] of source rows [batch, s], decoding up to
-  max_extra_len tokens beyond the batch's longest source (rounded up to a
-  multiple of 16), so the batch alone decides its program; on `device`
-  (where `params` are) if given."""
-  longest = int((rows != model_config.pad_id).sum(1).max(initial=0))
+  max_extra_len tokens beyond the batch's longest source or target prefix
+  (rounded up to a multiple of 16), so the batch alone decides its
+  program; on `device` (where `params` are) if given. forced: as
+  `decode_tokens` takes it."""
+  longest = max(int((rows != model_config.pad_id).sum(1).max(initial=0)),
+                target_prefix.width(forced))
   decode_len = search.decode_length(longest, max_extra_len,
                                     model_config.max_len, multiple=16)
   if device is not None:
@@ -130,7 +135,7 @@ def decode_rows(params, model_config: ModelConfig, rows: np.ndarray, *,
                                   beam_size=beam_size, alpha=alpha,
                                   max_decode_len=decode_len,
                                   batch_parts=batch_parts,
-                                  forced_id=forced_id))
+                                  forced=forced))
 
 
 def texts_of(target_tok: Tokenizer, tokens: np.ndarray,
@@ -146,37 +151,53 @@ def translate(params, model_config: ModelConfig, source_tok: Tokenizer,
               beam_size: int = search.BEAM_SIZE, alpha: float = search.ALPHA,
               max_extra_len: int = search.MAX_EXTRA_LEN,
               batch_size: int = 64, max_source_length: int | None = None,
-              on_too_long: str = 'truncate',
-              warn=print) -> Iterator[str]:
+              on_too_long: str = 'truncate', warn=print,
+              prefixes: Iterable[str] | str | None = None,
+              prefixes_from: str = '--target-prefix-file',
+              constraints: Iterable[str] | None = None) -> Iterator[str]:
   """Translations of `sentences`, in order, decoded in batches as they come.
 
   Empty lines translate to empty lines. Lines longer than the model's
   maximum are truncated (with a warning) or, with on_too_long='error',
-  raise.
+  raise. prefixes: each sentence's target prefix ('': none;
+  `target_prefix.py`), the lines of `prefixes_from`; or one for all.
+  constraints (instead): each sentence's tab-separated target phrases, that
+  its translation contains (`constrained.py`).
   """
   max_source_length = max_source_length or model_config.max_len
   batch: list[str] = []
+  batch_prefixes: list[str | None] = []
   line = 0
 
-  def flush(batch):
+  def flush(batch, batch_prefixes):
     rows = source_batch(source_tok, batch,
                         range(line - len(batch) + 1, line + 1),
                         batch_size=batch_size,
                         max_source_length=max_source_length,
                         on_too_long=on_too_long, warn=warn)
+    if constraints is not None:
+      tokens = constrained.decode_rows(
+          params, model_config, rows, constrained.phrases_of(
+              target_tok, batch_prefixes, len(rows)),
+          beam_size=beam_size, alpha=alpha, max_extra_len=max_extra_len)
+      return texts_of(target_tok, tokens, batch)
     tokens = decode_rows(params, model_config, rows, beam_size=beam_size,
                          alpha=alpha, max_extra_len=max_extra_len,
-                         forced_id=language_tokenizer.first_id(target_tok))
+                         forced=target_prefix.forced_ids(
+                             target_tok, batch_prefixes, len(rows)))
     return texts_of(target_tok, tokens, batch)
 
-  for sentence in sentences:
+  per_line, where = ((prefixes, prefixes_from) if constraints is None
+                     else (constraints, '--constraints'))
+  for sentence, prefix in target_prefix.paired(sentences, per_line, where):
     batch.append(sentence.rstrip('\n'))
+    batch_prefixes.append(prefix)
     line += 1
     if len(batch) == batch_size:
-      yield from flush(batch)
-      batch = []
+      yield from flush(batch, batch_prefixes)
+      batch, batch_prefixes = [], []
   if batch:
-    yield from flush(batch)
+    yield from flush(batch, batch_prefixes)
 
 
 def evaluate_translation(params, model_config: ModelConfig,
@@ -224,7 +245,7 @@ def decode_split(params, model_config: ModelConfig,
     tokens = decode_tokens(params, model_config, inputs['inputs'],
                            beam_size=beam_size, alpha=alpha,
                            max_decode_len=decode_len,
-                           forced_id=language_tokenizer.first_id(target_tok))
+                           forced=language_tokenizer.first_id(target_tok))
     tokens = multihost_utils.process_allgather(tokens, tiled=True)
     indices = multihost_utils.process_allgather(inputs['index'], tiled=True)
     for index, row in zip(np.asarray(indices), np.asarray(tokens)):

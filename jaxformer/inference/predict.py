@@ -12,7 +12,7 @@ import ml_collections
 import numpy as np
 
 from jaxformer.inference import generation
-from jaxformer.data import labelled, task_batches
+from jaxformer.data import chat_template, labelled, task_batches
 from jaxformer.data.hf_tokenizer import HFTokenizer
 from jaxformer.data.tokenizer import Tokenizer, cut_to_tokens
 from jaxformer.model import ModelConfig
@@ -202,17 +202,36 @@ def _fitted(inputs: list[int], positions: int, cut: bool, number: int,
   return inputs[:positions]
 
 
+def chat_prompt_tokens(tokenizer: Tokenizer,
+                       batch: Sequence[tuple[int, int, str]]
+                       ) -> list[list[int]]:
+  """The ids of (number, copy, line) prompts, each a conversation (JSON)
+  or a user's text, rendered with the tokenizer's chat template and its
+  generation prompt (`generate --chat`)."""
+  template = chat_template.template_of(tokenizer)
+  return [chat_template.prompt_ids(tokenizer, template,
+                                   chat_template.prompt_messages(
+                                       text, f'prompt {number}'))
+          for number, _, text in batch]
+
+
 def prompt_batch(tokenizer: Tokenizer, model_config: ModelConfig,
                  batch: Sequence[tuple[int, int, str]], positions: int,
-                 on_too_long: str, warn: Callable[[str], None]
+                 on_too_long: str, warn: Callable[[str], None],
+                 chat: bool = False
                  ) -> tuple[list[list[int]], list[list[int]]]:
   """(the model inputs, the prompt tokens shown with the continuation) of
-  (number, copy, text) rows; a too-long prompt is reported at its first
-  copy."""
-  texts = [cut_to_tokens(text, positions + 1) for _, _, text in batch]
+  (number, copy, text) rows (`chat`: conversations, `chat_prompt_tokens`);
+  a too-long prompt is reported at its first copy."""
+  if chat:
+    texts = [text for _, _, text in batch]
+    token_lists = chat_prompt_tokens(tokenizer, batch)
+  else:
+    texts = [cut_to_tokens(text, positions + 1) for _, _, text in batch]
+    token_lists = prompt_tokens(tokenizer, texts)
   inputs, shown = [], []
   for tokens, cut_text, (number, copy, text) in zip(
-      prompt_tokens(tokenizer, texts), texts, batch):
+      token_lists, texts, batch):
     full = model_inputs(tokenizer, model_config, tokens)
     fitted = _fitted(full, positions, len(cut_text) < len(text), number,
                      on_too_long, None if copy else warn)
@@ -228,7 +247,8 @@ def generate_lines(params, model_config: ModelConfig,
                    max_len: int = 0, temperature: float = 1.0, top_k: int = 0,
                    top_p: float = 1.0, seed: int = 0,
                    on_too_long: str = 'truncate',
-                   warn: Callable[[str], None] = print) -> Iterator[Generated]:
+                   warn: Callable[[str], None] = print,
+                   chat: bool = False) -> Iterator[Generated]:
   """`samples` continuations of each of `prompts`, in order, generated
   `batch_size` at a time as the prompts come (`generation.generate_ids`).
 
@@ -249,7 +269,7 @@ def generate_lines(params, model_config: ModelConfig,
   done = 0
   while batch := list(itertools.islice(rows, batch_size)):
     inputs, shown = prompt_batch(tokenizer, model_config, batch, positions,
-                                 on_too_long, warn)
+                                 on_too_long, warn, chat)
     new = generation.generate_ids(
         params, model_config, inputs, max_new_tokens=max_new_tokens,
         max_positions=positions, eos_ids=eos_ids, temperature=temperature,

@@ -69,24 +69,45 @@ def translation_arguments(config: ModelConfig, inputs,
   """A translation search's arguments with their defaults filled in and
   checked: (inputs [batch, s] int32, max_decode_len (by default
   `max_decode_length` of the inputs, within the model's max_len), eos_id
-  (by default config.eos_id), forced_ids [batch] int32 (-1 where none))."""
+  (by default config.eos_id), forced_ids [batch, p] int32: the first p
+  tokens of each translation, -1 where none (from one id, [batch] ids or
+  [batch, p] ids))."""
   if max_decode_len is None:
     max_decode_len = max_decode_length(inputs, max_len=config.max_len,
                                        pad_id=config.pad_id)
   eos_id = config.eos_id if eos_id is None else eos_id
   _check_decode_length(config, max_decode_len)
   inputs = jnp.asarray(inputs, jnp.int32)
-  forced_ids = jnp.broadcast_to(jnp.asarray(
-      -1 if forced_ids is None else forced_ids, jnp.int32), inputs.shape[:1])
+  forced_ids = jnp.asarray(-1 if forced_ids is None else forced_ids, jnp.int32)
+  forced_ids = jnp.broadcast_to(
+      forced_ids.reshape(forced_ids.shape + (1,) * (2 - forced_ids.ndim)),
+      (inputs.shape[0], max([1, *forced_ids.shape[1:]])))
+  if 1 < forced_ids.shape[1] >= max_decode_len:
+    raise ValueError(f'A target prefix of {forced_ids.shape[1]} tokens leaves '
+                     f'nothing to decode in {max_decode_len} positions; '
+                     'shorten the prefix.')
   return inputs, max_decode_len, eos_id, forced_ids
 
 
-def forcing_first(choose_fn, forced_ids: jax.Array):
-  """`choose_fn` whose first token (step 0) is forced_ids [b] where those
-  are not -1: Hugging Face's forced_bos_token_id, per sentence."""
+def forced_at(forced_ids: jax.Array, step: jax.Array) -> jax.Array:
+  """The tokens forced at `step`: forced_ids [b, p] (or [b]: p = 1) column
+  `step`, -1 past the prefix. -> [b] int32."""
+  forced_ids = forced_ids.reshape(forced_ids.shape[0], -1)
+  width = forced_ids.shape[1]
+  column = jax.lax.dynamic_index_in_dim(
+      forced_ids, jnp.minimum(step, width - 1), axis=1, keepdims=False)
+  return jnp.where(step < width, column, -1)
+
+
+def forcing_prefix(choose_fn, forced_ids: jax.Array):
+  """`choose_fn` whose first tokens are forced_ids [b, p] where those are
+  not -1: a target prefix (CTranslate2's target_prefix), whose first token
+  is a many-to-many model's target language (Hugging Face's
+  forced_bos_token_id), per sentence."""
   def choose(logits, step):
     tokens = choose_fn(logits, step)
-    return jnp.where((step == 0) & (forced_ids >= 0), forced_ids, tokens)
+    forced = forced_at(forced_ids, step)
+    return jnp.where(forced >= 0, forced, tokens)
   return choose
 
 
@@ -206,7 +227,7 @@ def _greedy_decode(params, inputs, forced_ids, config, max_decode_len, eos_id,
     record_shape = ((inputs.shape[0], config.num_decoder_layers,
                      config.num_heads, inputs.shape[1]), jnp.float32)
   has_source = jnp.any(inputs != config.pad_id, axis=-1)
-  choose_fn = forcing_first(choose_fn, forced_ids)
+  choose_fn = forcing_prefix(choose_fn, forced_ids)
   tokens, records = token_loop(step_fn, choose_fn, cache, ~has_source,
                                max_decode_len, eos_id, record_shape,
                                config.decoder_start_id, config.pad_id)
@@ -233,9 +254,10 @@ def greedy_decode(params, config: ModelConfig, inputs, *,
     batch_parts: decode this many blocks of sentences concurrently
       (`cpu_kernels.search_in_parts`); defaults to
       `cpu_kernels.default_batch_parts(inputs)`.
-    forced_ids: [batch] int (or one int) the first token of each sentence
-      is, -1 (the default) where it is chosen: the target language token of
-      a many-to-many model (Hugging Face's forced_bos_token_id).
+    forced_ids: [batch, p] int (or [batch], or one int) the first tokens of
+      each sentence are, -1 (the default) where they are chosen: a target
+      prefix, starting with a many-to-many model's target language token
+      (Hugging Face's forced_bos_token_id).
 
   Returns:
     tokens [batch, max_decode_len] int32: EOS included, pad_id after it; with

@@ -65,7 +65,8 @@ class MultiHeadAttention(nn.Module):
       # it into a different vector at each position.
       biased = biased and cfg.position_embedding == 'rope'
     return Linear((heads, cfg.head_features), (axis, 'kv', 'embed'), cfg,
-                  use_bias=biased, name=name)
+                  use_bias=biased, projection=name[0],
+                  deterministic=self.deterministic, name=name)
 
   @nn.compact
   def __call__(self, query_inputs, kv_inputs, mask, positions=None):
@@ -113,7 +114,8 @@ class MultiHeadAttention(nn.Module):
     if weights is not None:
       self.sow('intermediates', 'attention_weights', weights)
     return Linear((cfg.d_model,), ('embed', 'heads', 'kv'), cfg, in_ndim=2,
-                  use_bias=cfg.use_bias, name='out')(out)
+                  use_bias=cfg.use_bias, projection='o',
+                  deterministic=self.deterministic, name='out')(out)
 
   def _rotate(self, query, key, positions):
     """Queries and keys [batch, t, n or k, h] rotated by `positions`."""

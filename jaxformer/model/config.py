@@ -8,6 +8,7 @@ from typing import Any
 import ml_collections
 
 from jaxformer.model import backend
+from jaxformer.model import lora as lora_lib
 from jaxformer.model.backend import ATTENTION_IMPLS
 
 CHOICES = {
@@ -85,6 +86,8 @@ class ModelConfig:
     (tokens + positions + token types), before their dropout.
   pooler: encoder-only heads pass the pooled vector through a d_model ->
     d_model dense layer and tanh before the classifier or regressor.
+  lora: low-rank adapters on projections of attention and the FFN, which
+    then train alone (`model/lora.py` LoraConfig; targets='' for none).
   zero_pad_embedding: the pad_id row of every embedding table is held at
     zero in the forward pass (so training never moves it, and with tied
     embeddings the pad logit is the output bias alone): the decoder then
@@ -141,8 +144,12 @@ class ModelConfig:
   regression_dim: int = 1
   pooling: str = 'first'
   pooler: bool = False
+  lora: lora_lib.LoraConfig = lora_lib.LoraConfig()
 
   def __post_init__(self):
+    # A config dict's model.lora arrives as a dict.
+    object.__setattr__(self, 'lora', lora_lib.from_dict(self.lora))
+    lora_lib.check(self.lora)
     for key, allowed in CHOICES.items():
       if getattr(self, key) not in allowed:
         raise ValueError(
@@ -196,6 +203,11 @@ class ModelConfig:
   @property
   def gated_ffn(self) -> bool:
     return self.activation in ('swiglu', 'geglu')
+
+  @property
+  def lora_targets(self) -> frozenset[str]:
+    """The projections that carry adapters (none without model.lora)."""
+    return lora_lib.target_set(self.lora, self.gated_ffn)
 
   @property
   def output_vocab_size(self) -> int:

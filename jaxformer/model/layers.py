@@ -9,7 +9,7 @@ import jax.numpy as jnp
 import numpy as np
 from flax import linen as nn
 
-from jaxformer.model import backend, cpu_kernels
+from jaxformer.model import backend, cpu_kernels, frozen_kernels, lora
 from jaxformer.model.config import ModelConfig
 
 
@@ -149,34 +149,55 @@ class Linear(nn.Module):
   The kernel is stored output-major, [*features, *in_features] (as in
   torch), and applied as one 2-D matmul, so a kernel with several output
   axes is never transposed at run time. Layers that read the same input can
-  be applied together, with `apply_linears`.
+  be applied together, with `apply_linears`. A projection of attention or
+  the FFN names itself (`projection`: q, k, v, o, gate, up, down, ffn_in,
+  ffn_out); model.lora.targets naming it gives it a low-rank adapter
+  (`model/lora.py`).
   """
   features: tuple[int, ...]
   axes: tuple[str | None, ...]  # Logical axes of the kernel: outputs, inputs.
   config: ModelConfig
   in_ndim: int = 1
   use_bias: bool = True
+  projection: str | None = None
+  deterministic: bool = True  # The adapter's dropout is off.
 
   @nn.compact
   def weights(self, in_features: tuple[int, ...]):
-    """The kernel as a [prod(features), prod(in_features)] matrix and the
-    bias [*features] (None without one), in the compute dtype."""
+    """(kernel, bias, adapter): the kernel as a [prod(features),
+    prod(in_features)] matrix and the bias [*features] (None without one),
+    in the compute dtype; the adapter's (A [rank, in], B [out, rank])
+    float32, or None."""
     cfg = self.config
     outputs = len(self.features)
-    kernel = self.param(
-        'kernel', nn.with_logical_partitioning(
-            nn.initializers.variance_scaling(
-                1.0, 'fan_avg', 'uniform',
-                in_axis=tuple(range(outputs, outputs + self.in_ndim)),
-                out_axis=tuple(range(outputs))), self.axes),
-        (*self.features, *in_features), jnp.float32)
+    init = nn.initializers.variance_scaling(
+        1.0, 'fan_avg', 'uniform',
+        in_axis=tuple(range(outputs, outputs + self.in_ndim)),
+        out_axis=tuple(range(outputs)))
+    shape = (*self.features, *in_features)
+    if self.projection is None:
+      kernel = self.param('kernel', nn.with_logical_partitioning(
+          init, self.axes), shape, jnp.float32)
+    else:  # Frozen under adapters: in model.lora.base_dtype.
+      kernel = frozen_kernels.kernel(self, shape, outputs, self.axes, init)
     kernel = kernel.reshape(int(np.prod(self.features)), -1)
     bias = None
     if self.use_bias:
       bias = self.param('bias', nn.with_logical_partitioning(
           nn.initializers.zeros, self.axes[:outputs]), self.features,
                         jnp.float32).astype(cfg.compute_dtype)
-    return kernel.astype(cfg.compute_dtype), bias
+    adapter = None
+    if self.projection in cfg.lora_targets:
+      adapter = lora.adapter_factors(self, kernel.shape[0], kernel.shape[1])
+    return kernel.astype(cfg.compute_dtype), bias, adapter
+
+  def adapted(self, y: jax.Array, x: jax.Array, adapter) -> jax.Array:
+    """y [..., out] plus the adapter's product of x [..., in] (its input
+    dropped out while training)."""
+    lora_config = self.config.lora
+    if not self.deterministic and lora_config.dropout > 0:
+      x = dropout(x, lora_config.dropout, self.make_rng('dropout'))
+    return y + lora.adapter_product(x, *adapter, lora_config.scale)
 
   def __call__(self, x: jax.Array) -> jax.Array:
     """[..., *in_features] -> [..., *features] in the compute dtype."""
@@ -185,16 +206,17 @@ class Linear(nn.Module):
 
 def apply_linears(x: jax.Array, linears) -> list[jax.Array]:
   """Linear layers of one `in_ndim` applied to the same x, as one matrix
-  product where that is faster (`matmuls`):
+  product where that is faster (`matmuls`), each adapter's product added:
   [..., *in_features] -> [..., *features] for each layer."""
   in_ndim = linears[0].in_ndim
   leading, in_features = x.shape[:-in_ndim], x.shape[-in_ndim:]
   weights = [linear.weights(in_features) for linear in linears]
-  products = matmuls(
-      x.reshape(*leading, -1).astype(linears[0].config.compute_dtype),
-      [kernel for kernel, _ in weights])
+  x = x.reshape(*leading, -1).astype(linears[0].config.compute_dtype)
+  products = matmuls(x, [kernel for kernel, _, _ in weights])
   outputs = []
-  for linear, y, (_, bias) in zip(linears, products, weights):
+  for linear, y, (_, bias, adapter) in zip(linears, products, weights):
+    if adapter is not None:
+      y = linear.adapted(y, x, adapter)
     y = y.reshape(*leading, *linear.features)
     outputs.append(y if bias is None else y + bias)
   return outputs
@@ -285,17 +307,20 @@ class FeedForward(nn.Module):
   def __call__(self, x: jax.Array) -> jax.Array:
     """[batch, length, d_model] -> [batch, length, d_model]."""
     cfg = self.config
-    names = ['wi_0', 'wi_1'] if cfg.gated_ffn else ['wi']
+    names = {'wi_0': 'gate', 'wi_1': 'up'} if cfg.gated_ffn else {
+        'wi': 'ffn_in'}
     inputs = apply_linears(x, [
         Linear((cfg.d_ff,), ('mlp', 'embed'), cfg, use_bias=cfg.use_bias,
-               name=name) for name in names])
+               projection=projection, deterministic=self.deterministic,
+               name=name) for name, projection in names.items()])
     h = ACTIVATIONS[cfg.activation](inputs[0])
     if cfg.gated_ffn:
       h = h * inputs[1]
     h = nn.with_logical_constraint(h, ('batch', 'length', 'mlp'))
     h = Dropout(cfg.ffn_dropout)(h, deterministic=self.deterministic)
     return Linear((cfg.d_model,), ('embed', 'mlp'), cfg, use_bias=cfg.use_bias,
-                  name='wo')(h)
+                  projection='down' if cfg.gated_ffn else 'ffn_out',
+                  deterministic=self.deterministic, name='wo')(h)
 
 
 def norm(config: ModelConfig, name: str) -> nn.Module:

@@ -201,7 +201,7 @@ class Decoder(nn.Module):
       head = layers.Linear((cfg.output_vocab_size,), ('vocab', 'embed'), cfg,
                            use_bias=cfg.logits_bias, name='logits')
       if output_fn is not None:
-        return output_fn(x, *head.weights((cfg.d_model,)))
+        return output_fn(x, *head.weights((cfg.d_model,))[:2])
       logits = head(x)
     else:
       bias = None

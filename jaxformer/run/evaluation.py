@@ -9,6 +9,7 @@ from jaxformer.data import task_batches
 from jaxformer.inference import evaluate as evaluate_lib
 from jaxformer.parallel import mesh as mesh_lib
 from jaxformer.parallel.row_share import RowShare
+from jaxformer.train import ema as ema_lib
 from jaxformer.train import loss as losses
 from jaxformer.train.run_spec import RunSpec
 
@@ -37,6 +38,15 @@ class Evaluator:
         self.run.config, self.source_tok, self.target_tok, split,
         process_index=jax.process_index(), share=self.share,
         token_cache=self.token_cache)
+
+  def of_state(self, state) -> dict[str, float]:
+    """The metrics of `state.params`, and those of their moving average
+    prefixed ema_ if the state keeps one (logged as eval_ema_*)."""
+    metrics = self(state.params)
+    if ema_lib.of(state) is not None:
+      ema = self(ema_lib.as_params(state.ema, state.params))
+      metrics.update({f'ema_{key}': value for key, value in ema.items()})
+    return metrics
 
   def __call__(self, params) -> dict[str, float]:
     """Loss metrics on the eval split (and BLEU for translation)."""

@@ -5,6 +5,7 @@ first state the export's parameters (a head the export lacks is fresh).
 This is run assembly: the config is rewritten here, in the run layer;
 `checkpoints/` only reads the export.
 """
+import dataclasses
 from typing import Any
 
 import jax
@@ -13,6 +14,7 @@ import ml_collections
 from jaxformer.checkpoints import exports
 from jaxformer.checkpoints import trained
 from jaxformer.data.tokenizer import model_paths
+from jaxformer.model import frozen_kernels, lora
 from jaxformer.parallel import mesh as mesh_lib
 from jaxformer.storage import paths
 from jaxformer.train.run_spec import RunSpec
@@ -21,9 +23,10 @@ from jaxformer.train.tasks import get_task
 
 # What fine-tuning may set in the model of the export it starts from: how
 # it computes and regularises, never its parameters' shapes or layout.
+# Its adapters (model.lora) are the fine-tune's own, added fresh.
 FINETUNE_MODEL_KEYS = ('embedding_dropout', 'residual_dropout',
                        'attention_dropout', 'ffn_dropout', 'dtype',
-                       'attention_impl', 'remat_policy')
+                       'attention_impl', 'remat_policy', 'lora')
 
 
 def pretrained_start(config: ml_collections.ConfigDict):
@@ -96,7 +99,11 @@ HEADS = ('classifier', 'regressor')
 def pretrained_params(directory: str, run: RunSpec, fresh=None):
   """The parameters of the export `directory`, placed as the model of
   `run` wants them; a head the export lacks, or has of another width (its
-  labels came from the data), is `fresh`'s (the run's initial parameters)."""
+  labels came from the data), and adapters are `fresh`'s (the run's
+  initial parameters). An int8 base (model.lora.base_dtype) is read as
+  the export's floats and quantized."""
+  if frozen_kernels.base_dtype(run.model_config) == 'int8':
+    return _int8_pretrained(directory, run, fresh)
   target = run.abstract_params()
   mine = _by_path(target)
   saved = exports.param_shapes(directory)
@@ -104,8 +111,11 @@ def pretrained_params(directory: str, run: RunSpec, fresh=None):
          or saved[path].shape != leaf.shape}
   if not new:
     return exports.restore_export(directory, lambda extra: target)[1]
-  if fresh is None or any(path[0] not in HEADS for path in new):
-    path = sorted(new)[0]
+  # Heads and adapters the export lacks start fresh; nothing else may.
+  missing = sorted(path for path in new if fresh is None or (
+      path[0] not in HEADS and not lora.is_adapter(path)))
+  if missing:
+    path = missing[0]
     raise ValueError(
         f'--config.init.pretrained={directory}: parameter {"/".join(path)} '
         f'is {saved[path].shape if path in saved else "missing"} there, '
@@ -120,6 +130,24 @@ def pretrained_params(directory: str, run: RunSpec, fresh=None):
   return jax.tree_util.tree_map_with_path(
       lambda path, leaf: leaf if _names(path) in new else old[_names(path)],
       fresh)
+
+
+def _int8_pretrained(directory: str, run: RunSpec, fresh):
+  """`pretrained_params` of a run whose projections are int8: read as
+  float32 (the run's model with a float32 base), then quantized and
+  placed."""
+  config = run.model_config
+  float_run = dataclasses.replace(run, model_config=config.replace(
+      lora=dataclasses.replace(config.lora, base_dtype='float32')))
+  float_target = _by_path(float_run.abstract_params())
+  given = _by_path(fresh) if fresh is not None else {}
+  fresh_float = None if fresh is None else _tree({
+      path: given[path] if given[path].dtype == leaf.dtype else leaf
+      for path, leaf in float_target.items()})
+  floats = pretrained_params(directory, float_run, fresh_float)
+  target = run.abstract_params()
+  return jax.device_put(frozen_kernels.quantize(floats, target),
+                        jax.tree.map(lambda leaf: leaf.sharding, target))
 
 
 def _names(path) -> tuple[str, ...]:

@@ -102,7 +102,7 @@ class Trainer:
     start = self.config.init.pretrained
     if start:
       self.log(f'Starting from the parameters of {start}.')
-      state = state.replace(params=pretrained.pretrained_params(
+      state = state.started_from(pretrained.pretrained_params(
           start, self.spec, state.params))
     return state
 
@@ -287,9 +287,9 @@ class Trainer:
             f'{self.checkpoints.directory}')
 
   def evaluate(self, state: TrainState) -> dict[str, float]:
-    """Loss metrics on the eval split (and BLEU for translation)."""
+    """Eval metrics of the parameters (and of their average: ema_*)."""
     with self.goodput.timing('eval'):
-      return self.evaluator(state.params)
+      return self.evaluator.of_state(state)
 
 
 def train(config: ml_collections.ConfigDict, workdir: str) -> dict:

@@ -183,13 +183,20 @@ class RunSpec:
 
   def _layout(self, tx: optax.GradientTransformation):
     return state_shardings(self.task, self.model(), tx, self.example_batch(),
-                           self.mesh, self.rules, self.config.train.prng_impl)
+                           self.mesh, self.rules, self.config.train.prng_impl,
+                           self.ema_decay)
+
+  @property
+  def ema_decay(self) -> float:
+    """`train.ema_decay` (0, or absent from an older config: no average)."""
+    return float(self.config.train.get('ema_decay', 0.0))
 
   def init_state(self) -> TrainState:
     """A fresh train state of `config.seed`, each shard on its devices."""
     return create_train_state(self.task, self.model(), self.tx,
                               self.example_batch(), self.mesh, self.rules,
-                              self.config.seed, self.config.train.prng_impl)
+                              self.config.seed, self.config.train.prng_impl,
+                              self.ema_decay)
 
   def train_step(self, shardings: TrainState):
     """The jitted train step (`train/step.py`) for a state placed as
@@ -199,7 +206,8 @@ class RunSpec:
         self.mesh, shardings, task=self.task,
         model=self.model(deterministic=False), tx=self.tx,
         schedule=self.schedule, label_smoothing=train.label_smoothing,
-        grad_accum_steps=train.grad_accum_steps, prng_impl=train.prng_impl)
+        grad_accum_steps=train.grad_accum_steps, prng_impl=train.prng_impl,
+        ema_decay=self.ema_decay)
 
   def eval_step(self, param_shardings):
     """The jitted eval step: loss sums of a batch."""

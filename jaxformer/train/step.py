@@ -10,6 +10,8 @@ from flax import linen as nn
 from jax.sharding import Mesh
 
 from jaxformer.parallel import mesh as mesh_lib
+from jaxformer.train import ema as ema_lib
+from jaxformer.train import frozen_base
 from jaxformer.train import loss as losses
 from jaxformer.train.state import TrainState
 
@@ -36,7 +38,7 @@ def _select(pred, on_true, on_false):
 def train_step(state: TrainState, batch: dict[str, jax.Array], *, task, model,
                tx: optax.GradientTransformation, schedule: optax.Schedule,
                label_smoothing: float, grad_accum_steps: int, prng_impl: str,
-               param_shardings: Any = None
+               param_shardings: Any = None, ema_decay: float = 0.0
                ) -> tuple[TrainState, dict[str, jax.Array]]:
   """One optimizer update from a global batch.
 
@@ -48,16 +50,23 @@ def train_step(state: TrainState, batch: dict[str, jax.Array], *, task, model,
   divided once by their global count, so k microbatches give the update of
   one batch k times larger. A non-finite loss or gradient leaves the state
   unchanged (metrics['finite'] = 0); the loop decides to stop or skip.
+  A state that keeps a moving average of the parameters
+  (`TrainStateWithEma`) updates it with `ema_decay` (`train/ema.py`).
   """
   step_key = jax.random.fold_in(
       jax.random.wrap_key_data(state.rng, impl=prng_impl), state.step)
+  # With adapters, only they (and a head) have gradients and an update.
+  trainable, frozen = frozen_base.split(state.params)
+  if param_shardings is not None:
+    param_shardings = frozen_base.split(param_shardings)[0]
 
   def sums_and_grads(micro_batch, key):
-    def loss_sum(params):
+    def loss_sum(trainable):
+      params = frozen_base.merge(trainable, frozen)
       sums = task.loss_sums(model, params, micro_batch, {'dropout': key},
                             label_smoothing)
       return sums['loss'], sums
-    grads, sums = jax.grad(loss_sum, has_aux=True)(state.params)
+    grads, sums = jax.grad(loss_sum, has_aux=True)(trainable)
     return sums, grads
 
   if grad_accum_steps == 1:
@@ -86,15 +95,20 @@ def train_step(state: TrainState, batch: dict[str, jax.Array], *, task, model,
   grads = jax.tree.map(lambda g: g / count, grads)
   grad_norm = jnp.sqrt(sum(jnp.sum(jnp.square(g))
                            for g in jax.tree.leaves(grads)))
-  updates, opt_state = tx.update(grads, state.opt_state, state.params)
-  params = optax.apply_updates(state.params, updates)
+  updates, opt_state = tx.update(grads, state.opt_state, trainable)
+  trained = optax.apply_updates(trainable, updates)
 
   metrics = losses.summarise(sums)
   finite = jnp.isfinite(metrics['loss']) & jnp.isfinite(grad_norm)
   new_state = state.replace(step=state.step + 1,
-                            params=_select(finite, params, state.params),
+                            params=frozen_base.merge(
+                                _select(finite, trained, trainable), frozen),
                             opt_state=_select(finite, opt_state,
                                               state.opt_state))
+  if ema_lib.of(state) is not None:
+    new_state = new_state.replace(ema=_select(finite, ema_lib.updated(
+        state.ema, frozen_base.merge(trained, frozen), ema_decay, state.step),
+                                              state.ema))
   metrics.update(grad_norm=grad_norm, learning_rate=schedule(state.step),
                  finite=finite.astype(jnp.float32))
   return new_state, metrics

@@ -19,7 +19,7 @@ import jax.numpy as jnp
 import numpy as np
 from flax import linen as nn
 
-from jaxformer.data.lm_rows import LOSS_MASK, ROW_START
+from jaxformer.data.lm_rows import LOSS_MASK, MASKED_LAYOUTS, ROW_START
 from jaxformer.model import (DecoderLM, EncoderClassifier, EncoderDecoder,
                              EncoderRegressor, ModelConfig)
 from jaxformer.train import chunked_loss
@@ -198,7 +198,7 @@ class Task:
         'type_vocab_size', 0):
       shapes['inputs_token_types'] = ((rows, source), np.int32)
     if 'targets' in self.batch_keys and (
-        config.data.get('lm_rows') == 'prompt_response'):
+        config.data.get('lm_rows') in MASKED_LAYOUTS):
       shapes[LOSS_MASK] = ((rows, target), np.int32)
       shapes[ROW_START] = ((rows,), np.int32)
     if self.label:
