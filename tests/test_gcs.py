@@ -103,11 +103,11 @@ def committed_steps(workdir: str) -> list[int]:
 
 
 @pytest.fixture(scope='module')
-def environment(tmp_path_factory, gcs_emulator):
-  cache = tmp_path_factory.mktemp('compilation_cache')
+def environment(process_environment, gcs_emulator):
+  cache = process_environment['JAXFORMER_COMPILATION_CACHE']
   return dict(plain_install.environment(os.environ), **gcs_emulator,
               XLA_FLAGS='--xla_force_host_platform_device_count=2',
-              JAXFORMER_COMPILATION_CACHE=str(cache),
+              JAXFORMER_COMPILATION_CACHE=cache,
               JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS='0',
               TF_CPP_MIN_LOG_LEVEL='2', PYTHONPATH=str(REPO))
 
