@@ -49,6 +49,14 @@ def process_environment(tmp_path_factory) -> dict:
   return trained_runs.process_environment(tmp_path_factory)
 
 
+@pytest.fixture(scope='session')
+def lm_export(tmp_path_factory):
+  """(export directory, tokenizer, config, params) of a random language
+  model (test_generate.random_lm_export), for the modules that generate."""
+  from test_generate import random_lm_export
+  return random_lm_export(tmp_path_factory.mktemp('lm'))
+
+
 @pytest.fixture
 def tfds_scratch_in_tmp_path(tmp_path, monkeypatch):
   """Keeps the scratch directories tfds makes under mock_data (it looks for

@@ -59,6 +59,7 @@ def test_a_missing_tokenizer_model_is_reported_before_training(
   assert f'{missing}: no such file' in capfd.readouterr().err
 
 
+@pytest.mark.slow
 def test_a_data_error_is_one_line_without_orbax_noise(tsv_dir, tmp_path):
   """As the process exits, Orbax's clean-up thread used to fail loudly."""
   command = [sys.executable, '-m', 'jaxformer', 'train', '--config',

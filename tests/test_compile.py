@@ -263,6 +263,7 @@ def base_on_v5e8():
                      log=print)
 
 
+@pytest.mark.slow
 def test_base_fits_a_v5e8(base_on_v5e8):
   train = _program(base_on_v5e8, 'train')
   assert base_on_v5e8['mesh'] == {'data': 8, 'fsdp': 1, 'tensor': 1}
@@ -292,6 +293,7 @@ def big_on_v5p64():
                      log=print)
 
 
+@pytest.mark.slow
 def test_big_with_fsdp_fits_a_v5p64(big_on_v5p64):
   assert (big_on_v5p64['chips'], big_on_v5p64['hosts']) == (32, 8)
   train = _program(big_on_v5p64, 'train')

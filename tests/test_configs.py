@@ -12,6 +12,7 @@ def test_every_config_file_loads_and_validates():
     config_lib.load_config(path)
 
 
+@pytest.mark.slow
 def test_loading_every_config_imports_no_tensorflow():
   # A fresh interpreter: the test process itself has TensorFlow loaded.
   import subprocess

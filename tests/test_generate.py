@@ -248,11 +248,10 @@ def test_top_one_sampling_is_greedy():
 VOCAB = 100
 
 
-@pytest.fixture(scope='module')
-def lm_export(tmp_path_factory):
+def random_lm_export(root):
   """(export directory, tokenizer, config, params) of a random language
-  model whose vocabulary is a SentencePiece model trained here."""
-  root = tmp_path_factory.mktemp('lm')
+  model whose vocabulary is a SentencePiece model trained here: the
+  conftest's `lm_export`, which the modules that generate share."""
   texts = [text for pair in builtin.generate(300, 0, 'train') for text in pair]
   tok = train_tokenizer(texts, str(root / 'tok'), ml_collections.ConfigDict(
       dict(type='unigram', vocab_size=VOCAB, character_coverage=1.0)))

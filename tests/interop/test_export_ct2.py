@@ -44,6 +44,7 @@ def padded(sentences) -> np.ndarray:
   return np.array([s + [0] * (width - len(s)) for s in sentences], np.int32)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize('name', CONFIGS)
 def test_greedy_outputs_equal_and_scores_within_1e_5(name, tok, tmp_path):
   options, seed = CONFIGS[name]

@@ -56,6 +56,7 @@ def model(request, tmp_path_factory):
   return Model(tmp_path_factory.mktemp('hf'), request.param)
 
 
+@pytest.mark.slow
 def test_prompts_are_fed_as_autotokenizer_encodes_them(model):
   outputs = model.generate(model.tok, batch_size=3)
   inputs = [model.hf(p)['input_ids'] for p in PROMPTS]

@@ -54,6 +54,7 @@ def assert_close(actual, expected, q_ids, tolerance):
 # Interpret mode is slow: every layout in float32, two in bfloat16, and
 # grouped-query attention (4 query heads over 2 key/value heads, passed to
 # the kernel as they are: the gradients of a shared head sum over its group).
+@pytest.mark.slow
 @pytest.mark.parametrize('ids, causal, dtype, heads', [
     (PADDED, False, jnp.float32, 2), (PADDED, True, jnp.float32, 2),
     (PACKED, False, jnp.float32, 2), (PACKED, True, jnp.float32, 2),
@@ -94,6 +95,7 @@ def test_splash_cross_attention_of_other_length_equals_einsum():
   assert_close(got, einsum_out(q, k, v, q_ids, k_ids, False), q_ids, 2e-5)
 
 
+@pytest.mark.slow
 def test_sharded_splash_equals_einsum_on_a_data_by_tensor_mesh():
   """Rows over `data`, heads over `tensor`: shard_map hands each device its
   own rows and heads."""
@@ -109,6 +111,7 @@ def test_sharded_splash_equals_einsum_on_a_data_by_tensor_mesh():
   assert_close(got, einsum_out(q, k, v, ids, ids, True), ids, 2e-5)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize('kv_heads', [2, 1])
 def test_sharded_grouped_splash_equals_einsum(kv_heads):
   """4 query heads over `tensor`=2: 2 kv heads split with them; 1 (MQA)
@@ -122,6 +125,7 @@ def test_sharded_grouped_splash_equals_einsum(kv_heads):
   assert_close(got, einsum_out(q, k, v, ids, ids, True), ids, 2e-5)
 
 
+@pytest.mark.slow
 def test_model_with_splash_attention_equals_einsum_model():
   config = ModelConfig(vocab_size=32, d_model=64, num_heads=2, d_ff=64,
                        num_encoder_layers=1, num_decoder_layers=1)
