@@ -70,6 +70,7 @@ def test_training_stores_the_counts_and_a_resume_plans_no_earlier_epoch(
   assert_equal_batches(take(config, tok, STEP), uninterrupted[STEP:])  # No cache.
 
 
+@pytest.mark.slow
 def test_a_first_resume_stores_the_counts_it_planned(config, tok, tmp_path,
                                                      monkeypatch):
   cache = str(tmp_path / 'cache')

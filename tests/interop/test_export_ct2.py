@@ -98,6 +98,7 @@ def export_dir(tok, tmp_path_factory):
   return path
 
 
+@pytest.mark.slow
 def test_cli_writes_an_int8_model_that_translates(export_dir, tmp_path,
                                                   capfd):
   out = str(tmp_path / 'int8')

@@ -71,6 +71,7 @@ def test_prompts_are_fed_as_autotokenizer_encodes_them(model):
   assert [o.prompt for o in outputs] == PROMPTS
 
 
+@pytest.mark.slow
 def test_rows_end_at_any_of_the_tokenizers_eos_ids(model):
   free = [o.ids for o in model.generate(model.tok)]
   eos_ids = [free[0][1], free[2][2]]

@@ -142,6 +142,7 @@ def test_tokenisation_equals_hugging_faces(imported):
     assert ours.decode(row) == tok.decode(kept, skip_special_tokens=True)
 
 
+@pytest.mark.slow
 def test_greedy_and_beam_outputs_equal_generate(imported):
   config, tok = imported.ours.model_config, imported.ours.source_tok
   eos, stops = config.eos_id, []
