@@ -182,6 +182,7 @@ def hf_texts(imported, rows):
                                  skip_special_tokens=True) for row in rows]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize('imported', ['nllb-1+2-d24'], indirect=True)
 def test_translate_and_evaluate_commands_give_what_generate_decodes(
     imported, tmp_path, capsys):
