@@ -141,6 +141,7 @@ def test_model_with_splash_attention_equals_einsum_model():
                              atol=1e-4)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize('impl', ['fused', 'splash'])
 def test_grouped_rotary_lm_with_each_kernel_equals_einsum_model(impl):
   config = ModelConfig(vocab_size=32, d_model=32, num_heads=4, num_kv_heads=2,
