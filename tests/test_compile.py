@@ -321,6 +321,7 @@ def tensor_parallel():
   return compile_run(config, 'v5e-8', log=print)
 
 
+@pytest.mark.slow
 def test_tensor_parallel_layout_compiles_every_program(tensor_parallel):
   assert tensor_parallel['mesh'] == {'data': 2, 'fsdp': 1, 'tensor': 4}
   names = [p['program'] for p in tensor_parallel['programs']]
