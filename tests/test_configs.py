@@ -191,6 +191,7 @@ def tfds_splits_as_tsv(config, tmp_path):
   config.data.source = 'tsv'
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize('path', sorted(
     __import__('glob').glob('configs/*.py')))
 @pytest.mark.usefixtures('tfds_scratch_in_tmp_path')

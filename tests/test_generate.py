@@ -135,6 +135,7 @@ def test_prefill_and_steps_equal_step_by_step_and_full_forward_logits(name):
   np.testing.assert_allclose(ours, old, atol=1e-5, rtol=0)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize('name', sorted(CONFIGS))
 def test_batched_prompts_equal_one_at_a_time_and_uncached_greedy(name):
   config, params = model(name)
