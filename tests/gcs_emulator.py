@@ -14,12 +14,16 @@ or delete whose URL (decoded) contains TEXT fail with 403 Forbidden, as a
 bucket that lost its write permission does (`stats` and `reject_writes`
 below).
 
-One fix to the emulator: a download answers with the object's generation
+Two fixes to the emulator: an upload, delete or patch with
+`ifGenerationMatch` is refused (412) unless the object's generation is the
+one named (0: no object), as GCS does (jaxformer/storage/locks.py's lock
+objects rely on it); and a download answers with the object's generation
 in `x-goog-generation` (and `x-goog-metageneration`), as GCS does. TensorStore
 reads the generation of every object it downloads from that header and
 rejects a response without it ("Malformed StorageGeneration"), which Orbax's
 OCDBT checkpoints hit as soon as a manifest is read back.
 """
+import http
 import json
 import os
 import signal
@@ -108,15 +112,54 @@ def _with_generation_headers(download):
   return handler
 
 
+_PRECONDITIONS = threading.Lock()  # A check and its write, at once.
+
+
+def _object_named(request) -> str | None:
+  """The object an upload, delete or patch request is about."""
+  if 'name' in request.query:
+    return request.query['name'][0]
+  if 'object_id' in request.params:
+    return request.params['object_id']
+  data = request.data if isinstance(request.data, dict) else {}
+  return (data.get('meta') or {}).get('name')
+
+
+def _with_generation_precondition(serve_request):
+  """`serve_request` (an upload, delete or patch), refused with 412 when
+  its `ifGenerationMatch` is not the object's generation (0: absent), as
+  GCS does, atomically with the request."""
+  def handler(request, response, storage, *args, **kwargs):
+    wanted = request.query.get('ifGenerationMatch')
+    if not wanted:
+      return serve_request(request, response, storage, *args, **kwargs)
+    from gcp_storage_emulator.exceptions import NotFound
+    with _PRECONDITIONS:
+      try:
+        generation = str(storage.get_file_obj(
+            request.params['bucket_name'],
+            _object_named(request))['generation'])
+      except NotFound:
+        generation = '0'
+      if generation != wanted[0]:
+        response.status = http.HTTPStatus.PRECONDITION_FAILED
+        return None
+      return serve_request(request, response, storage, *args, **kwargs)
+  return handler
+
+
 def serve(bucket: str) -> None:
   from gcp_storage_emulator import server
   from gcp_storage_emulator.handlers import objects
   original = objects.download
   objects.download = _with_generation_headers(original)  # Also for ?alt=media.
+  conditional = {objects.insert, objects.delete, objects.patch}
   for _, methods in server.HANDLERS:
     for method, handler in methods.items():
       if handler is original:
         methods[method] = objects.download
+      elif handler in conditional:
+        methods[method] = _with_generation_precondition(handler)
   for method in ('GET', 'POST', 'PUT', 'PATCH', 'DELETE'):
     name = f'do_{method}'
     setattr(server.RequestHandler, name,

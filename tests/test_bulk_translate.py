@@ -21,7 +21,7 @@ import pytest
 from jaxformer.cli import main as cli
 from jaxformer.cli import model_commands
 from jaxformer.data import builtin
-from jaxformer.inference import bulk, bulk_decoders
+from jaxformer.inference import bulk, bulk_decoders, provenance
 from jaxformer.inference.chunks import Parts, Plan, length_batches, chunk_name
 from jaxformer.storage import paths
 
@@ -318,9 +318,9 @@ def test_a_stopped_chunk_keeps_its_finished_batches(workdir, corpus,
                           bulk.Stop())[0] == 'done'
   # As a stop after the first batch of chunk 0 leaves it.
   plan = Plan(20, 8, 2)
-  parts = Parts(out, plan)
-  parts.check_manifest(dict(inputs=[[str(source), source.stat().st_size]],
-                            lines=20, **vars(settings())))
+  digests = provenance.chunk_digests(source.read_text().splitlines(), 16)[1]
+  parts = Parts(out, plan, vars(settings()), digests)
+  parts.check_manifest(dict(vars(settings()), inputs=[str(source)], lines=20))
   first = length_batches(source.read_text().splitlines()[:16], 8)[0]
   assert not parts.commit(0, [first, []], {0: ['kept'] * 8})
   assert sorted(os.listdir(parts.directory)) == [
@@ -348,7 +348,9 @@ def test_parts_of_another_translation_are_not_mixed_in(workdir, corpus,
   # A manifest alone gives way to other settings; one with chunks does not.
   assert translate_corpus(model, [str(source)], out,
                           settings(batch_size=4), stopped)[0] == 'stopped'
-  assert Parts(out, Plan(20, 4, 2)).commit(
+  digests = provenance.chunk_digests(source.read_text().splitlines(), 8)[1]
+  assert Parts(out, Plan(20, 4, 2), vars(settings(batch_size=4)),
+               digests).commit(
       0, [[0, 1, 2, 3], [4, 5, 6, 7]], {0: ['a'] * 4, 1: ['b'] * 4})
   with pytest.raises(ValueError, match=r'out.txt.parts holds the parts of '
                      r'another run \(batch_size: 4 then, 8 now\); '

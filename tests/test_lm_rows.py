@@ -118,3 +118,51 @@ def test_pairs_need_a_response_and_a_known_layout():
                                 ['six', ''], 'dev', tok)
   with pytest.raises(sources.DataError, match="data.lm_rows='pairs'"):
     lm_rows.language_model_rows(_data('pairs'), ['one'], ['six'], 'dev', tok)
+
+
+def test_every_tokenizer_is_one_interface(own_tokenizer):
+  from jaxformer.data import vocab_tokenizer
+  from jaxformer.data.language_tokenizer import LanguageTokenizer
+  from jaxformer.data.tokenizer_protocol import TokenizerLike
+  pieces = [own_tokenizer.id_to_piece(i)
+            for i in range(own_tokenizer.vocab_size)]
+  pieces[:3] = ['<pad>', '</s>', '<unk>']
+  vocab = vocab_tokenizer.VocabTokenizer(own_tokenizer.sentencepiece_model,
+                                         pieces)
+  language = LanguageTokenizer(own_tokenizer, {'en': 40}, vocab_size=41,
+                               language='en')
+  hf = hf_tokenizer(with_bos=False)
+  for tok in (own_tokenizer, vocab, hf, language):
+    assert isinstance(tok, TokenizerLike), type(tok)
+  assert [t.first_token_is_input for t in (own_tokenizer, vocab, hf)] == [
+      False, False, True]
+  assert hf.eos_ids == (2,) and own_tokenizer.eos_ids == vocab.eos_ids == ()
+  assert own_tokenizer.hf_files() == {} and 'tokenizer.json' in hf.hf_files()
+  ids, types = own_tokenizer.encode_pairs([('one', 'it is six')])[0]
+  assert types[0] == 0 and types[-1] == 1 and len(ids) == len(types)
+  with pytest.raises(sources.DataError, match='encodes no sentence pairs'):
+    language.encode_pairs([('one', 'two')])
+
+
+@pytest.mark.parametrize('with_bos', [True, False])
+def test_cached_pair_rows_of_a_hugging_face_tokenizer_are_those_in_memory(
+    tmp_path, with_bos):
+  from jaxformer.data import task_batches
+  from jaxformer.data.defaults import default_data_config
+  tok = hf_tokenizer(with_bos)
+  pairs = [('what is two plus four ?', 'it is six'), ('one plus one', 'two'),
+           ('what is six', 'six')] * 5
+  path = tmp_path / 'chat.tsv'
+  path.write_text(''.join(f'{p}\t{r}\n' for p, r in pairs))
+  config = ml_collections.ConfigDict(dict(
+      task='language_model', model={}, init={}, data=default_data_config()))
+  config.data.update(source='tsv', lm_rows='prompt_response',
+                     max_target_length=6, token_cache_piece_bytes=64)
+  config.data.tsv.train = str(path)
+  table = task_batches.task_table(config, 'train', tok, str(tmp_path / 'c'))
+  rows = table.take(np.arange(table.num_rows))
+  expected = lm_rows.language_model_rows(
+      config.data, [p for p, _ in pairs], [r for _, r in pairs], 'train', tok)
+  assert sorted(rows) == sorted(expected)
+  for key in expected:
+    np.testing.assert_array_equal(rows[key], expected[key], err_msg=key)

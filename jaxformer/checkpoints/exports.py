@@ -79,6 +79,21 @@ def export_params(out: str, params, extra: dict,
   except Exception as e:
     raise CheckpointError(f'Writing the export {out} failed '
                           f'({short_error(e)}).') from e
+  if not keep_provenance:
+    _commit_markers_without_paths(out)
+
+
+COMMIT_MARKER = 'commit_success.txt'
+
+
+def _commit_markers_without_paths(out: str) -> None:
+  """Orbax's commit markers (of the export and of each item) say the path
+  they were written to; they say only that the commit succeeded (Orbax
+  reads their presence, not their words)."""
+  for folder in (out, paths.join(out, 'params'), paths.join(out, 'extra')):
+    marker = paths.join(folder, COMMIT_MARKER)
+    if paths.exists(marker):
+      paths.write_text(marker, 'Checkpoint commit was successful.')
 
 
 def is_export(directory: str) -> bool:

@@ -17,17 +17,31 @@ def distributed_settings(overrides):
                                    chosen).distributed
 
 
+def lock_of(output: str) -> str:
+  """The lock of --output OUTPUT: the hidden file (local, where it stays)
+  or object (gs://, removed at the end) `.OUTPUT.lock` beside it."""
+  from jaxformer.storage import paths
+  return paths.join(paths.parent(output),
+                    f'.{output.rstrip("/").rsplit("/", 1)[-1]}.lock')
+
+
 def cmd_bulk(args, overrides, load) -> int:
-  """Every process decodes its share; process 0 writes --output. SIGTERM
+  """Every process decodes its share; process 0 writes --output, which it
+  holds (`lock_of`) from start to end: a second run on it is refused,
+  naming this one. SIGTERM
   (in any process) commits what is done and ends every process with 0.
   load(args, overrides) -> (input files, bulk.Decoder, what the manifest
   says of the model): called once the distributed runtime is up."""
   import jax
   from jaxformer.inference import bulk
-  from jaxformer.parallel import cluster, peers
+  from jaxformer.parallel import cluster, peers, run_lock
   if not args.input:
     raise ValueError('--output needs --input FILE_OR_GLOB: every process '
                      'reads the input itself, which stdin cannot give them.')
+  from jaxformer.cli import model_commands
+  # Before the lock (`lock_of`): a refused command leaves nothing.
+  bulk.check_not_an_input(model_commands.input_files(args.input),
+                          args.output)
   stop = bulk.Stop()
 
   def request_stop(signum, frame):
@@ -42,9 +56,10 @@ def cmd_bulk(args, overrides, load) -> int:
     # each process on its own, and tells the others (bulk.Stop).
     signal.signal(signal.SIGTERM, request_stop)
     peers.watch_peers(settings.heartbeat_timeout)
-    files, decoder, description = load(args, overrides)
-    status, progress = bulk.decode_corpus(decoder, files, args.output,
-                                          description, stop)
+    with run_lock.one_writer(lock_of(args.output), f'--output {args.output}'):
+      files, decoder, description = load(args, overrides)
+      status, progress = bulk.decode_corpus(decoder, files, args.output,
+                                            description, stop)
   finally:
     signal.signal(signal.SIGTERM, previous)
   if jax.process_index() == 0:

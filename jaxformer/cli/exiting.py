@@ -4,6 +4,7 @@ import logging
 import os
 import sys
 
+from jaxformer.runtime import stop_clock
 from jaxformer.storage import paths
 
 
@@ -27,6 +28,9 @@ def exit_process(code: int) -> None:
   output flushed, a non-zero exit skips them (os._exit); the other hosts
   of a multi-host run stop at their next collective or heartbeat."""
   if code == 0:
+    if stop_clock.bounded():  # A stop's checkpoint is committed.
+      stop_clock.leave_without_exit_hooks()
+    stop_clock.phase('exit hooks (the runtime, Orbax, tf.data threads)')
     sys.exit(0)
   for stream in (sys.stdout, sys.stderr):
     try:

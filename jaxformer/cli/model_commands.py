@@ -108,6 +108,7 @@ def _bulk_translation(args, overrides):
   """(input files, the decoder of `translate --output`, the manifest's
   words on the model)."""
   from jaxformer.inference import bulk_decoders as decoders
+  from jaxformer.inference import provenance
   files = input_files(args.input)  # A bad glob fails before the model loads.
   model = load_translator(args, overrides)
   beam, alpha, extra = decode_choices(args, model.config)
@@ -118,13 +119,14 @@ def _bulk_translation(args, overrides):
       max_source_length=model.config.data.max_source_length,
       on_too_long=args.on_too_long)
   return (files, decoders.Translation(model, settings),
-          dict(model=args.workdir, step=model.step))
+          provenance.model_identity(model))
 
 
 def _bulk_generation(args, overrides):
   """(input files, the decoder of `generate --output`, the manifest's
   words on the model)."""
   from jaxformer.inference import bulk_decoders as decoders
+  from jaxformer.inference import provenance
   if args.num != 1:
     raise ValueError(f'--num {args.num} with --output: the file holds one '
                      'continuation per input line; repeat the lines in the '
@@ -138,7 +140,7 @@ def _bulk_generation(args, overrides):
       top_p=args.top_p, seed=args.seed, on_too_long=args.on_too_long,
       jsonl=args.jsonl)
   return (files, decoders.Generation(model, settings),
-          dict(model=args.workdir, step=model.step))
+          provenance.model_identity(model))
 
 
 def cmd_translate(args, overrides) -> int:
@@ -201,14 +203,23 @@ def cmd_generate(args, overrides) -> int:
 
 
 def cmd_evaluate(args, overrides) -> int:
-  from jaxformer.inference import evaluate
+  """A training workdir's own data files are read (and named in the
+  report), an export's never (cli/workdir_data.py)."""
   from jaxformer.checkpoints import trained
-  model = load_translator(args, overrides)
+  from jaxformer.cli import workdir_data
+  from jaxformer.inference import evaluate
+  data = workdir_data.workdir_data(args.workdir, overrides)
+  model = load_translator(
+      args, [*overrides, *(f'--config.{k}={v}' for k, v in data.items())])
   scores, hypotheses = evaluate.decode_split(
       model.params, model.model_config, model.config, model.source_tok,
       model.target_tok, args.split, trained.local_mesh(),
       beam_size=args.beam, alpha=args.alpha)
   report = dict(scores, split=args.split)
+  read = {k: v for k, v in data.items()
+          if f'.{args.split}' in k or k.startswith('data.tfds.')}
+  if read:
+    report['data'] = read  # The workdir's files this command read.
   if args.hypotheses:
     paths.write_text(args.hypotheses, '\n'.join(hypotheses) + '\n')
     report['hypotheses'] = args.hypotheses

@@ -10,16 +10,26 @@ from jaxformer.storage import paths
 def cmd_train(args, overrides) -> int:
   from jaxformer.checkpoints.manager import make_workdir
   from jaxformer.config.settings import load_config
+  from jaxformer.parallel import cluster, run_lock
   from jaxformer.run.trainer import StopRequested, Trainer
+  from jaxformer.runtime import stop_clock
   with StopRequested() as stop:  # A signal during setup ends it cleanly.
     config = load_config(args.config, overrides)
-    make_workdir(args.workdir)
-    trainer = Trainer(config, args.workdir)
-    trainer.run(stop)
-  if stop.signal_name:
-    return 0
-  if trainer.finished and trainer.task.translates:
-    report_translation(trainer)
+    cluster.initialize_distributed(config.distributed)
+    make_workdir(args.workdir)  # Names a missing bucket first.
+    # One training per workdir: a second one (a requeued job while the
+    # first lives) is refused, naming the first, before it writes.
+    with run_lock.one_writer(paths.join(args.workdir, 'train.lock'),
+                             f'--workdir {args.workdir}'):
+      trainer = Trainer(config, args.workdir)
+      trainer.run(stop)
+      if stop.signal_name:  # Its checkpoint is committed: exit promptly.
+        stop_clock.phase('run ended (checkpoint committed, goodput '
+                         'reported)')
+        stop_clock.bound_exit()
+      if (not stop.signal_name and trainer.finished
+          and trainer.task.translates):
+        report_translation(trainer)
   return 0
 
 

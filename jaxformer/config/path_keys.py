@@ -18,6 +18,8 @@ PATH_KEYS = (
     ('init.pretrained',)
     + tuple(f'data.text.{split}' for split in SPLITS)
     + tuple(f'data.tsv.{split}' for split in SPLITS)
+    + tuple(f'data.{kind}.{split}' for kind in ('jsonl', 'parquet')
+            for split in SPLITS)
     + tuple(f'data.files.{split}_{side}' for split in SPLITS
             for side in ('source', 'target'))
     + ('data.tfds.data_dir', 'data.tokenizer.model_path',

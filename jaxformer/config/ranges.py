@@ -88,6 +88,8 @@ RANGES = {
     'data.tokens_per_batch': POSITIVE,
     'data.shuffle_buffer': NON_NEGATIVE,
     'data.seed': NON_NEGATIVE,
+    'data.token_cache_piece_bytes': POSITIVE,
+    'data.tokenize_workers': POSITIVE,
     'train.num_steps': POSITIVE,
     'train.learning_rate': ABOVE_ZERO,
     'train.warmup_steps': POSITIVE,  # the rsqrt schedules divide by it

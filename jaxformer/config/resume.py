@@ -19,6 +19,9 @@ RESUMABLE_CHANGES = ('train.', 'eval.', 'checkpoint.', 'decode.', 'init.',
                      'distributed.', 'mesh.', 'data.tokenizer.wait_seconds',
                      'data.allow_new_data_order',
                      'data.tsv.', 'data.files.', 'data.tfds.data_dir',
+                     'data.tokenize_workers', 'data.token_cache_piece_bytes',
+                     *(f'data.{kind}.{split}' for kind in ('jsonl', 'parquet')
+                       for split in ('train', 'dev', 'test')),
                      'data.source_lang', 'data.target_lang',
                      'seed')
 

@@ -4,11 +4,19 @@ Kept apart from the pipeline so that loading a config needs no TensorFlow.
 """
 import ml_collections
 
+# The keys of JSONL records (Parquet columns) holding each field; dots name
+# nested values. 'source'/'target' fall back to Hugging Face's
+# {"translation": {source_language: ..., target_language: ...}}.
+_FIELDS = dict(text='text', label='label', text_a='text_a', text_b='text_b',
+               prompt='prompt', response='response', source='source',
+               target='target', source_language='en', target_language='de')
+
 
 def default_data_config() -> ml_collections.ConfigDict:
   """The `data` part of the training config, set up for the built-in dataset."""
   return ml_collections.ConfigDict(dict(
-      source='builtin',  # 'builtin' | 'tsv' | 'files' | 'tfds' | 'text'
+      # 'builtin' | 'tsv' | 'files' | 'tfds' | 'text' | 'jsonl' | 'parquet'
+      source='builtin',
       # dataset: translation | number_parity | number_value | sentences
       builtin=dict(num_train=200_000, num_dev=1000, num_test=1000, seed=0,
                    dataset='translation'),
@@ -69,4 +77,13 @@ def default_data_config() -> ml_collections.ConfigDict:
       # False tokenises in memory at every start.
       token_cache=True,
       token_cache_dir='',  # '' = <workdir>/tokenizer/token_cache; or gs://...
+      # The row tasks' input is tokenized in pieces of about this many bytes
+      # (a file's byte range), shared among the processes, each with this
+      # many local workers (data/token_shards.py).
+      token_cache_piece_bytes=64 << 20,
+      tokenize_workers=1,
+      # JSONL and Parquet files (globs, .gz): each field's key, by default
+      # its name (data/records.py).
+      jsonl=dict(train='', dev='', test='', **_FIELDS),
+      parquet=dict(train='', dev='', test='', **_FIELDS),
   ))

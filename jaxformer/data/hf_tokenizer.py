@@ -159,6 +159,11 @@ class HFTokenizer:
   # -------------------------------------------------------------- the ids ---
 
   @property
+  def first_token_is_input(self) -> bool:
+    """Without a BOS, a text's first token is the model's first input."""
+    return self.bos_id is None
+
+  @property
   def vocab_size(self) -> int:
     """1 + the largest id the tokenizer has (added tokens included)."""
     return self._vocab_size

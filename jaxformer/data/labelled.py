@@ -18,6 +18,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 import ml_collections
+import numpy as np
 
 from jaxformer.data import sources
 
@@ -85,3 +86,34 @@ def encode(tokenizer, texts: Sequence[Text], width: int
     return ids, [[0] * len(each) for each in ids]
   encoded = [cut_pair(*tokenizer.encode_pair(a, b), width) for a, b in texts]
   return [ids for ids, _ in encoded], [types for _, types in encoded]
+
+
+def _padded(lists: Sequence[Sequence[int]], width: int) -> np.ndarray:
+  """[examples, width] int32: each list cut to `width` (still ending with
+  its last item), then padded with 0."""
+  rows = np.zeros((len(lists), width), np.int32)
+  for row, items in enumerate(lists):
+    cut = list(items[:width])
+    if cut and len(items) > width:
+      cut[-1] = items[-1]
+    rows[row, :len(cut)] = cut
+  return rows
+
+
+def pad_token_rows(token_lists: Sequence[Sequence[int]], width: int,
+                   token_types: Sequence[Sequence[int]] | None = None
+                   ) -> dict[str, np.ndarray]:
+  """'inputs', 'inputs_segment_ids', 'inputs_positions' [examples, width]
+  int32: one example per row, cut to `width` tokens (still ending with its
+  last token, EOS); segment id 0 marks padding. With `token_types` (a list
+  per example, as long as its tokens) 'inputs_token_types' too."""
+  lengths = np.array([[min(len(ids), width)] for ids in token_lists],
+                     np.int32).reshape(-1, 1)
+  present = np.arange(width) < lengths
+  positions = np.where(present, np.arange(width, dtype=np.int32), 0)
+  rows = {'inputs': _padded(token_lists, width),
+          'inputs_segment_ids': present.astype(np.int32),
+          'inputs_positions': positions}
+  if token_types is not None:
+    rows['inputs_token_types'] = _padded(token_types, width)
+  return rows

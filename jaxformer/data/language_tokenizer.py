@@ -59,7 +59,8 @@ class LanguageTokenizer:
                               f'the vocabulary size {self._vocab_size}')
     self.eos_id, self.pad_id = inner.eos_id, inner.pad_id
     self.unk_id = inner.unk_id
-    self.bos_id = getattr(inner, 'bos_id', None)
+    self.bos_id, self.eos_ids = inner.bos_id, inner.eos_ids
+    self.first_token_is_input = inner.first_token_is_input
     self._dropped = np.array(sorted(
         {*self.languages.values(), self.pad_id, self.unk_id,
          *([] if self.bos_id is None else [self.bos_id])}), np.int64)
@@ -150,6 +151,15 @@ class LanguageTokenizer:
     if self.layout == 'prefix':
       return [language + row for row in rows]
     return [row + language for row in rows]
+
+  def encode_pairs(self, pairs: Sequence[tuple[str, str | None]]
+                   ) -> list[tuple[list[int], list[int]]]:
+    raise sources.DataError(
+        f'{self.name}: a many-to-many translator\'s tokenizer encodes no '
+        'sentence pairs; give one text per line')
+
+  def hf_files(self) -> dict[str, bytes]:
+    return self.inner.hf_files()
 
   def decode(self, ids: Iterable[int]) -> str:
     """Text of `ids` [length] up to the first EOS, without the language

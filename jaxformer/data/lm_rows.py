@@ -46,7 +46,7 @@ def _without_eos(tokenizer, ids: list[int]) -> list[int]:
 
 
 def _without_bos(tokenizer, ids: list[int]) -> list[int]:
-  bos = getattr(tokenizer, 'bos_id', None)
+  bos = tokenizer.bos_id
   return ids[1:] if bos is not None and ids[:1] == [bos] else ids
 
 
@@ -96,7 +96,7 @@ def pack_documents(token_lists: Sequence[Sequence[int]], width: int
 def first_token_is_input(tokenizer) -> bool:
   """Whether a text's first token is the model's first input (a Hugging
   Face tokenizer that adds no BOS), not its first target."""
-  return getattr(tokenizer, 'bos_id', 0) is None
+  return tokenizer.first_token_is_input
 
 
 def pair_rows(pairs: Sequence[tuple[list[int], int]], width: int,

@@ -54,11 +54,12 @@ from jaxformer.storage import paths
 from jaxformer.data import sources
 from jaxformer.data.defaults import default_data_config
 
-KINDS = ('builtin', 'tsv', 'files', 'tfds', 'text')
+KINDS = ('builtin', 'tsv', 'files', 'tfds', 'text', 'jsonl', 'parquet')
 # A source's own language pair (many-to-many models).
 LANGUAGES = ('source_lang', 'target_lang')
 # The keys naming each kind's train files (none: 'builtin' and 'tfds').
-TRAIN_FILES = {'tsv': ('train',), 'text': ('train',),
+TRAIN_FILES = {'tsv': ('train',), 'text': ('train',), 'jsonl': ('train',),
+               'parquet': ('train',),
                'files': ('train_source', 'train_target')}
 _NAME = re.compile(r'[A-Za-z0-9_-]{1,64}')
 _COUNT_CHUNK = 1 << 20  # batches counted at once
@@ -251,7 +252,9 @@ def check_files(mixture: Mixture) -> None:
       if not path:
         raise sources.DataError(f'{where} is not set; give the path of its '
                                 'train file')
-      if not paths.exists(path):
+      if not paths.exists(path) and not (
+          any(c in path for c in paths.WILDCARDS) and
+          paths.matching_files(path)):
         raise sources.MissingFileError(f'{path}: no such file ({where}); '
                                        'check the path')
 

@@ -5,7 +5,8 @@ Kinds of source (`data.source`):
   'tsv'      one file per split, lines 'source<TAB>target';
   'files'    a line-aligned pair of files per split (Moses style);
   'tfds'     a TensorFlow Datasets translation dataset, already prepared;
-  'text'     one document per line (language modelling), paired with ''.
+  'text'     one document per line (language modelling), paired with '';
+  'jsonl', 'parquet'  records of named fields (records.py, source_pieces.py).
 The same pairs serve the other tasks: 'tsv' lines 'text<TAB>label' (a class
 name or number) or 'text<TAB>value' (numbers separated by spaces), and
 `data.builtin.dataset` picks the built-in variant (see builtin.task_examples).
@@ -64,6 +65,8 @@ def _storage_errors(path: str):
                     f'{str(e).splitlines()[0] if str(e) else ""}') from None
 
 
+storage_errors = _storage_errors  # For the other readers of files.
+
 MAX_LINE_BYTES = 8 << 20
 LINE_BYTES_ENV = 'JAXFORMER_MAX_LINE_BYTES'
 MAX_FILE_BYTES = 64 << 20
@@ -83,6 +86,12 @@ def _too_long(name: str, number: int, limit: int) -> DataError:
   return DataError(
       f'{name}:{number}: the line is longer than {limit} bytes; split it (is '
       f'this the right file?), or raise the limit with {LINE_BYTES_ENV}=BYTES')
+
+
+def _read_records(data_config: ml_collections.ConfigDict, split: str
+                  ) -> Iterator[Pair]:
+  from jaxformer.data import source_pieces  # pylint: disable=g-import-not-at-top
+  return source_pieces.iter_pairs(data_config, split)
 
 
 def read_bytes(path: str, limit: int = MAX_FILE_BYTES) -> bytes:
@@ -240,7 +249,6 @@ def count_lines(path: str) -> int:
 
 
 def read_lines(path: str) -> list[str]:
-  """All lines of `iter_lines(path)`."""
   return list(iter_lines(path))
 
 
@@ -299,53 +307,10 @@ def _read_file_pair(data_config: ml_collections.ConfigDict, split: str
     yield pair
 
 
-def _tfds_builder(settings: ml_collections.ConfigDict):
-  import tensorflow_datasets as tfds  # Deferred: slow to import.
-  try:
-    return tfds.builder(settings.name, data_dir=settings.data_dir)
-  except tfds.core.registered.DatasetNotFoundError:
-    raise DataError(
-        f'unknown tfds dataset {settings.name!r} (data.tfds.name); use a name '
-        "from https://www.tensorflow.org/datasets/catalog, e.g. "
-        "'wmt14_translate/de-en'") from None
-
-
-def _prepare_tfds(builder, settings: ml_collections.ConfigDict) -> None:
-  if builder.is_prepared():
-    return
-  try:
-    builder.download_and_prepare()
-  except Exception as e:  # Download and build errors come in many types.
-    raise DataError(
-        f'tfds dataset {settings.name!r} is not prepared in {builder.data_dir} '
-        f'and preparing it failed ({type(e).__name__}: {e}); run `tfds build '
-        f'{settings.name} --data_dir=DIR` on a machine with internet access '
-        'and set data.tfds.data_dir=DIR') from None
-
-
 def _read_tfds(data_config: ml_collections.ConfigDict, split: str
                ) -> Iterator[Pair]:
-  """The split's pairs, read 4,096 at a time (never the whole split)."""
-  settings = data_config.tfds
-  builder = _tfds_builder(settings)
-  languages = (settings.source_language, settings.target_language)
-  available = tuple(builder.info.features.keys())
-  if not set(languages) <= set(available):
-    raise DataError(
-        f'tfds dataset {settings.name!r} has features {available}, not '
-        f'{languages}; set data.tfds.source_language/target_language to two '
-        'of them')
-  _prepare_tfds(builder, settings)
-  tfds_split = settings[f'{split}_split']
-  try:
-    dataset = builder.as_dataset(split=tfds_split)
-  except (ValueError, KeyError) as e:
-    raise DataError(f'tfds dataset {settings.name!r} has no split {tfds_split!r} '
-                    f'({e}); set data.tfds.{split}_split') from None
-  pairs = dataset.map(lambda example: tuple(example[lang] for lang in languages))
-  for source_batch, target_batch in pairs.batch(4096).as_numpy_iterator():
-    yield from ((source.decode(), target.decode())
-                for source, target in zip(source_batch, target_batch))
+  from jaxformer.data import tfds_source  # pylint: disable=g-import-not-at-top
+  return tfds_source.read(data_config, split)
 
 
 _READERS = {
@@ -353,7 +318,7 @@ _READERS = {
     'tsv': _read_tsv,
     'files': _read_file_pair,
     'tfds': _read_tfds,
-    'text': _read_text,
+    'text': _read_text, 'jsonl': _read_records, 'parquet': _read_records,
 }
 
 
@@ -393,7 +358,10 @@ def count_pairs(data_config: ml_collections.ConfigDict, split: str) -> int:
 def split_files(data_config: ml_collections.ConfigDict, split: str) -> list[str]:
   """The files that `split` is read from ([] for 'builtin' and 'tfds')."""
   settings = data_config.get(data_config.source)
-  keys = {'tsv': [split], 'text': [split],
+  keys = {'tsv': [split], 'text': [split], 'jsonl': [split], 'parquet': [split],
           'files': [f'{split}_source', f'{split}_target']}
-  return [settings[key] for key in keys.get(data_config.source, [])
-          if settings.get(key)]
+  given = [settings[key] for key in keys.get(data_config.source, [])
+           if settings.get(key)]
+  if data_config.source in ('jsonl', 'parquet'):
+    return [path for pattern in given for path in paths.matching_files(pattern)]
+  return given

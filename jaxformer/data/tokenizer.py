@@ -85,6 +85,8 @@ class Tokenizer:
   eos_id = EOS_ID
   unk_id = UNK_ID
   bos_id = BOS_ID
+  eos_ids = ()  # A generated text ends at the model's eos_id.
+  first_token_is_input = False
 
   def serialized_model_proto(self) -> bytes:
     return self._processor.serialized_model_proto()
@@ -109,6 +111,13 @@ class Tokenizer:
     Without text_b, a's ids + EOS, types 0."""
     return joined_pair(*self.encode(
         [text_a] if text_b is None else [text_a, text_b]))
+
+  def encode_pairs(self, pairs: Sequence[tuple[str, str | None]]
+                   ) -> list[tuple[list[int], list[int]]]:
+    return [self.encode_pair(a, b) for a, b in pairs]
+
+  def hf_files(self) -> dict[str, bytes]:
+    return {}  # Not a Hugging Face tokenizer.
 
   def decode(self, ids: Iterable[int]) -> str:
     """Text of `ids` [length] up to the first EOS, ignoring padding."""

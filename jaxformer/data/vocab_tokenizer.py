@@ -63,6 +63,10 @@ class VocabTokenizer:
   """Pieces from `encode_model`, ids from `pieces` (id -> piece); text from
   `decode_model` (default: the encoding one)."""
 
+  bos_id = None
+  eos_ids = ()  # A generated text ends at the model's eos_id.
+  first_token_is_input = False
+
   def __init__(self, encode_model: bytes, pieces: Sequence[str],
                decode_model: bytes | None = None, name: str = 'vocabulary'):
     self._encode_proto, self._decode_proto = encode_model, decode_model
@@ -133,6 +137,13 @@ class VocabTokenizer:
     Without text_b, a's ids + eos_id, types 0."""
     return joined_pair(*self.encode(
         [text_a] if text_b is None else [text_a, text_b]))
+
+  def encode_pairs(self, pairs: Sequence[tuple[str, str | None]]
+                   ) -> list[tuple[list[int], list[int]]]:
+    return [self.encode_pair(a, b) for a, b in pairs]
+
+  def hf_files(self) -> dict[str, bytes]:
+    return {}  # Not a Hugging Face tokenizer.
 
   def decode(self, ids: Iterable[int]) -> str:
     """Text of `ids` [length] up to the first eos_id, without the special

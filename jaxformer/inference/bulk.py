@@ -20,8 +20,11 @@ whatever the number of processes and devices:
 Each process commits its chunks as they finish, and SIGTERM (`Stop`) makes
 it commit the batches it finished (`chunks.Parts`), so the same command
 started again decodes only what is missing. Once every chunk is there,
-process 0 joins them into OUT. Every file goes through storage/paths.py:
-the input and OUT may be on gs://.
+process 0 joins them into OUT. Each chunk records what made it (the input
+lines' digest, the model's, the tokenizers', every decode setting:
+provenance.py), so a resume or the join never takes a chunk of other
+input, another model or other settings. Every file goes through
+storage/paths.py: the input and OUT may be on gs://.
 """
 from __future__ import annotations
 
@@ -39,7 +42,8 @@ import numpy as np
 from flax.core import meta
 
 from jaxformer.data import sources
-from jaxformer.inference.chunks import Parts, Plan, length_batches
+from jaxformer.inference import provenance
+from jaxformer.inference.chunks import Parts, Plan, chunk_name, length_batches
 from jaxformer.parallel import peers
 from jaxformer.storage import paths
 
@@ -240,21 +244,28 @@ def decode_corpus(decoder: Decoder, files: Sequence[str], out: str,
                   description: dict, stop: Stop) -> tuple[str, str]:
   """Decodes the lines of `files` into `out`, this process's share of the
   chunks (see the module's docstring); every process of the run calls it.
-  `description`: what else the manifest holds (the model, the settings the
-  command took); the decoder's settings are there too.
+  `description`: the model's part of the run's fingerprint
+  (`provenance.model_identity`); the decoder's settings are the rest.
+
+  A chunk committed before (a stopped run of the same command) is kept
+  only if its record matches (chunks.Parts.mismatch): else it is decoded
+  again, with a line on stderr saying why.
 
   Returns ('done' when `out` is written, else 'stopped' with what was done
   committed; the final progress line)."""
   settings = decoder.settings
-  plan = Plan(sum(1 for _ in read_lines(files, settings.invalid_utf8)),
-              settings.batch_size, settings.chunk_batches)
-  parts = Parts(out, plan)
+  check_not_an_input(files, out)
+  chunk_lines = settings.batch_size * settings.chunk_batches
+  lines, digests = provenance.chunk_digests(
+      read_lines(files, settings.invalid_utf8), chunk_lines)
+  plan = Plan(lines, settings.batch_size, settings.chunk_batches)
+  fingerprint = dict(description, **dataclasses.asdict(settings))
+  parts = Parts(out, plan, fingerprint, digests)
   peers.check_shared_workdir(parts.directory)
-  parts.check_manifest(dict(
-      description, inputs=[[f, paths.stat(f)[0]] for f in files],
-      lines=plan.lines, **dataclasses.asdict(settings)))
+  parts.check_manifest(dict(fingerprint, inputs=list(files),
+                            lines=plan.lines))
   mine = [c for c in plan.owned(jax.process_index(), jax.process_count())
-          if not parts.committed(c)]
+          if not kept_chunk(parts, c)]
   progress = Progress(plan.lines, parts.committed_lines(), decoder.command)
   status = 'stopped' if mine and stop.poll() else 'done'
   if status == 'done' and mine:
@@ -278,3 +289,28 @@ def decode_corpus(decoder: Decoder, files: Sequence[str], out: str,
     parts.assemble()
   peers.from_every_process('bulk/assembled', 'ok', WAIT_SECONDS, 'ok')
   return 'done', progress.line(final=True)
+
+
+def check_not_an_input(files: Sequence[str], out: str) -> None:
+  """Raises if `out` (or its parts' directory) is one of the input files."""
+  written = {paths.absolute(out), paths.absolute(out + '.parts')}
+  for path in files:
+    same = paths.absolute(path) in written or (
+        not paths.is_remote(path) and paths.exists(out)
+        and os.path.samefile(path, out))
+    if same:
+      raise ValueError(f'--output {out} is also an --input file; write the '
+                       'output to another file.')
+
+
+def kept_chunk(parts: Parts, chunk: int) -> bool:
+  """Whether `chunk`'s committed file is kept (says on stderr why one that
+  is there is decoded again)."""
+  if not parts.committed(chunk):
+    return False
+  why = parts.mismatch(chunk)
+  if why:
+    print(f'{chunk_name(chunk)} in {parts.directory} is decoded again: '
+          f'{why}.', file=sys.stderr, flush=True)
+    parts.present.discard(chunk_name(chunk))
+  return not why

@@ -97,8 +97,7 @@ class Generation:
     self.positions = predict.generation_positions(
         model.model_config, model.config, settings.max_len,
         settings.max_new_tokens)
-    self.eos_ids = (getattr(self.tokenizer, 'eos_ids', None)
-                    or (model.model_config.eos_id,))
+    self.eos_ids = self.tokenizer.eos_ids or (model.model_config.eos_id,)
 
   def inputs(self, lines: list[str], numbers: list[int]
              ) -> tuple[list[list[int]], list[list[int]], list[int]]:

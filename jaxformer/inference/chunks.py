@@ -2,12 +2,18 @@
 `length_batches`), from the input alone, and where finished chunks are kept
 until they make the output (`Parts`).
 
-`OUT.parts/` holds `manifest.json` (the input and settings the parts belong
-to), `chunk-NNNNNNNN.txt` for each finished chunk (its output lines in
-input order, a line each) and `chunk-NNNNNNNN.partial.json` for a chunk
-stopped part way ({batch: its output lines}). Each file is written whole
-(storage/paths.py), so a process killed at any time leaves only whole
-files; OUT is written from the chunks in one piece, then OUT.parts removed.
+`OUT.parts/` holds `manifest.json` (the input files, their line count and
+the run's fingerprint: provenance.py), `chunk-NNNNNNNN.txt` for each
+finished chunk and `chunk-NNNNNNNN.partial.json` for a chunk stopped part
+way ({"record": ..., "batches": {batch: its output lines}}). A chunk file's
+first line is its record, `#jaxformer-chunk {JSON}`: the run's
+fingerprint, the digest of the chunk's input lines, and the count and
+digest of the output lines that follow (in input order, a line each). A
+resumed run decodes again any chunk whose record does not match its input
+lines, its fingerprint or its own lines; OUT is joined only from chunks
+that match. Each file is written whole and synced (storage/paths.py), so a
+process killed at any time leaves only whole files; OUT is written from the
+chunks in one piece, then OUT.parts removed.
 """
 from __future__ import annotations
 
@@ -16,9 +22,11 @@ import gzip
 import json
 from collections.abc import Sequence
 
+from jaxformer.inference import provenance
 from jaxformer.storage import paths
 
 MANIFEST = 'manifest.json'
+RECORD = b'#jaxformer-chunk '
 
 
 @dataclasses.dataclass(frozen=True)
@@ -67,11 +75,37 @@ def partial_name(chunk: int) -> str:
   return f'chunk-{chunk:08d}.partial.json'
 
 
-class Parts:
-  """The `OUT.parts` directory of the outputs of `plan` into `out`."""
+def chunk_file(record: dict, outputs: Sequence[str]) -> bytes:
+  """A chunk file's bytes: `record` (with the count and digest of
+  `outputs` added) on its first line, then the output lines."""
+  body = ''.join(t + '\n' for t in outputs).encode('utf-8')
+  record = dict(record, lines=len(outputs),
+                output=provenance.bytes_digest(body))
+  return RECORD + json.dumps(record, sort_keys=True).encode() + b'\n' + body
 
-  def __init__(self, out: str, plan: Plan):
+
+def read_chunk_file(data: bytes) -> tuple[dict, bytes]:
+  """(the record, the output lines' bytes) of a chunk file; ValueError if
+  it has no record."""
+  first, _, body = data.partition(b'\n')
+  if not first.startswith(RECORD):
+    raise ValueError('it has no record line')
+  record = json.loads(first[len(RECORD):])
+  if not isinstance(record, dict):
+    raise ValueError('its record is not an object')
+  return record, body
+
+
+class Parts:
+  """The `OUT.parts` directory of the outputs of `plan` into `out`, made by
+  the run of `fingerprint` from input lines whose chunks have the digests
+  `inputs` (provenance.chunk_digests)."""
+
+  def __init__(self, out: str, plan: Plan, fingerprint: dict,
+               inputs: Sequence[str]):
     self.out, self.plan = out, plan
+    self.fingerprint = provenance.canonical(fingerprint)
+    self.inputs = list(inputs)
     self.directory = out + '.parts'
     self.present: set[str] = set()
 
@@ -82,41 +116,77 @@ class Parts:
   def _path(self, name: str) -> str:
     return paths.join(self.directory, name)
 
+  def _record(self, chunk: int) -> dict:
+    """What chunk `chunk` of this run records of its making."""
+    return dict(fingerprint=self.fingerprint, input=self.inputs[chunk])
+
   def check_manifest(self, manifest: dict) -> None:
     """Writes `manifest` (the input and settings of the parts) unless it
     is there; raises if the directory holds chunks of another run
     (a manifest alone is replaced). Notes which files are there (`look`)."""
     path = self._path(MANIFEST)
-    manifest = json.loads(json.dumps(manifest))
+    manifest = provenance.canonical(manifest)
     self.look()  # Before reading: a chunk seen is one of the manifest read.
     saved = json.loads(paths.read_text(path)) if paths.exists(path) else {}
-    changed = [k for k in sorted(set(saved) | set(manifest))
-               if saved.get(k) != manifest.get(k)]
+    changed = provenance.first_change(saved, manifest)
     if not any(name.startswith('chunk-') for name in self.present):
       if changed:
         paths.write_text(path, json.dumps(manifest, indent=1, sort_keys=True))
       return
     if changed:
-      key = changed[0]
       raise ValueError(
-          f'{self.directory} holds the parts of another run ({key}: '
-          f'{saved.get(key)!r} then, {manifest.get(key)!r} now); run that '
+          f'{self.directory} holds the parts of another run '
+          f'({provenance.change_line(saved, manifest)}); run that '
           f'command again to finish it, or remove {self.directory} to start '
           'over.')
 
   def committed(self, chunk: int) -> bool:
+    """Whether the chunk's file is there (`look`), matching or not."""
     return chunk_name(chunk) in self.present
 
+  def mismatch(self, chunk: int) -> str | None:
+    """Why the committed file of `chunk` cannot be joined into OUT (its
+    record is not this run's, its input lines changed, its lines are not
+    those it records), or None if it can."""
+    try:
+      data = paths.read_bytes(self._path(chunk_name(chunk)))
+    except OSError as error:
+      return f'it cannot be read ({error})'
+    return self._mismatch_of(chunk, data)
+
+  def _mismatch_of(self, chunk: int, data: bytes) -> str | None:
+    """`mismatch`, of the chunk file's bytes `data`."""
+    try:
+      record, body = read_chunk_file(data)
+    except (ValueError, UnicodeDecodeError) as error:
+      return f'it cannot be read ({error})'
+    if record.get('fingerprint') != self.fingerprint:
+      then = record.get('fingerprint')
+      then = then if isinstance(then, dict) else {}
+      return (f'another run made it ('
+              f'{provenance.change_line(then, self.fingerprint)})')
+    if record.get('input') != self.inputs[chunk]:
+      return 'its input lines changed'
+    lines, wanted = body.count(b'\n'), len(self.plan.lines_of(chunk))
+    if (record.get('lines') != wanted or lines != wanted
+        or record.get('output') != provenance.bytes_digest(body)):
+      return (f'its lines are not those it records ({lines} lines, '
+              f'{wanted} recorded)')
+    return None
+
   def kept(self, chunk: int) -> dict[int, list[str]]:
-    """The batches a stopped chunk kept ({} if none, or if they do not fit
-    the plan: then they are decoded again)."""
+    """The batches a stopped chunk kept ({} if none, or if they are not
+    this run's, of these input lines, or do not fit the plan: then they
+    are decoded again)."""
     if partial_name(chunk) not in self.present:
       return {}
     sizes = self.plan.batch_sizes(chunk)
     try:
       saved = json.loads(paths.read_text(self._path(partial_name(chunk))))
-      kept = {int(b): texts for b, texts in saved.items()}
-    except (OSError, ValueError, AttributeError):
+      if saved.get('record') != self._record(chunk):
+        return {}
+      kept = {int(b): texts for b, texts in saved['batches'].items()}
+    except (OSError, ValueError, AttributeError, KeyError, TypeError):
       return {}
     if all(0 <= b < len(sizes) and isinstance(t, list) and len(t) == sizes[b]
            and all(isinstance(x, str) for x in t) for b, t in kept.items()):
@@ -135,26 +205,36 @@ class Parts:
     its partial), else the partial; whether the chunk is finished."""
     if len(done) < len(batches):
       if done:
-        paths.write_text(self._path(partial_name(chunk)), json.dumps(
-            {str(b): t for b, t in sorted(done.items())}))
+        paths.write_text(self._path(partial_name(chunk)), json.dumps(dict(
+            record=self._record(chunk),
+            batches={str(b): t for b, t in sorted(done.items())})))
       return False
     outputs = [''] * sum(map(len, batches))
     for b, batch in enumerate(batches):
       for i, text in zip(batch, done[b]):
         outputs[i] = text
     paths.write_bytes(self._path(chunk_name(chunk)),
-                      ''.join(t + '\n' for t in outputs).encode('utf-8'))
+                      chunk_file(self._record(chunk), outputs))
     paths.remove(self._path(partial_name(chunk)))
     return True
 
   def assemble(self) -> None:
     """Joins the chunks into `out` (gzip-compressed, without a time stamp,
-    if it ends in .gz), then removes the directory."""
+    if it ends in .gz), then removes the directory. Each chunk is checked
+    as it is read (`mismatch`); one that fails leaves `out` as it was and
+    the directory whole, and raises naming it."""
     with paths.replacing(self.out) as f:
       sink = (gzip.GzipFile(filename='', mode='wb', fileobj=f, mtime=0)
               if self.out.endswith('.gz') else f)
       for chunk in range(self.plan.chunks):
-        sink.write(paths.read_bytes(self._path(chunk_name(chunk))))
+        data = paths.read_bytes(self._path(chunk_name(chunk)))
+        why = self._mismatch_of(chunk, data)
+        if why:
+          raise ValueError(
+              f'{self._path(chunk_name(chunk))} cannot be joined into '
+              f'{self.out}: {why}; run the same command again to decode it '
+              'again.')
+        sink.write(read_chunk_file(data)[1])
       if sink is not f:
         sink.close()
     paths.remove_tree(self.directory)

@@ -54,13 +54,11 @@ def encode_rows(tokenizer: Tokenizer, model_config: ModelConfig,
   types, each text (a pair where a tab splits it) as Hugging Face's
   tokenizer gives it, cut as truncation=True cuts it (with a warning), and
   'inputs_token_types'; else jaxformer's tokens cut to `width`."""
-  if not (hasattr(tokenizer, 'encode_pair') and
-          model_config.type_vocab_size):
+  if not model_config.type_vocab_size:
     ids = tokenizer.encode([cut_to_tokens(t, width + 1) for t in texts])
     return task_batches.pad_token_rows(ids, _bucket(ids, width))
   pairs = [_pair(text) for text in texts]
-  encoded = (tokenizer.encode_pairs(pairs) if hasattr(tokenizer, 'encode_pairs')
-             else [tokenizer.encode_pair(a, b) for a, b in pairs])
+  encoded = tokenizer.encode_pairs(pairs)
   for i, row_and_types in enumerate(encoded):
     row = row_and_types[0]
     if len(row) > width:
@@ -245,7 +243,7 @@ def generate_lines(params, model_config: ModelConfig,
   generation.check_settings(temperature, top_k, top_p)
   positions = generation_positions(model_config, config, max_len,
                                    max_new_tokens)
-  eos_ids = getattr(tokenizer, 'eos_ids', None) or (model_config.eos_id,)
+  eos_ids = tokenizer.eos_ids or (model_config.eos_id,)
   rows = ((number, copy, text) for number, text in enumerate(prompts, 1)
           for copy in range(samples))
   done = 0

@@ -186,6 +186,11 @@ def read_weights(folder: str, error: type) -> dict:
     except Exception as e:  # noqa: BLE001 - torch raises many kinds.
       raise error(f'{path} cannot be read (truncated or damaged? {e}); '
                   'download it again') from None
+    if not isinstance(state, dict) or not all(
+        isinstance(k, str) and isinstance(v, torch.Tensor)
+        for k, v in state.items()):
+      raise error(f'{path} holds a {type(state).__name__}, not a state dict '
+                  '(tensor names -> tensors); download it again')
     weights = {k: v.detach().float().numpy() for k, v in state.items()}
   return {k: np.asarray(v, np.float32) for k, v in weights.items()}
 

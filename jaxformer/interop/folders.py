@@ -34,6 +34,7 @@ def write_folder(out: str, fill: Callable[[str], None]) -> str:
                              dir=os.path.dirname(out))
   try:
     fill(partial)
+    paths.readable_as_umask_allows(partial)  # mkdtemp's is 0700.
     os.replace(partial, out)
   except BaseException:
     shutil.rmtree(partial, ignore_errors=True)

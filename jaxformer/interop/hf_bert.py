@@ -140,7 +140,7 @@ def check_exportable(trained, what: str) -> None:
   if reasons:
     raise ValueError(f'{what}: this encoder is not of the BERT family: '
                      + '; '.join(reasons) + '.')
-  if not hasattr(trained.source_tok, 'hf_files'):
+  if not trained.source_tok.hf_files():
     raise ValueError(f'{what} writes Hugging Face tokenizers (of imported '
                      "models); this model's tokenizer is jaxformer's own "
                      'SentencePiece model.')

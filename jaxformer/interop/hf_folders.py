@@ -19,6 +19,7 @@ from collections.abc import Sequence
 from jaxformer.data import hf_tokenizer
 from jaxformer.data import sources
 from jaxformer.data import vocab_tokenizer
+from jaxformer.interop import config_bounds
 
 # The files AutoTokenizer builds a tokenizer from: tokenizers' JSON, and
 # the slow forms (SentencePiece: Llama, XLM-R; WordPiece: BERT;
@@ -65,13 +66,17 @@ def model_type(folder: str):
 def checked_config(folder: str, model_types: Sequence[str], refusals,
                    error: type[Exception]) -> tuple[dict, str]:
   """(config.json, its model_type) of a folder of one of `model_types`;
-  `error` names a model_type not among them, or what `refusals(config,
-  model_type)` (a list of reasons) says jaxformer does not support."""
+  `error` names a model_type not among them, a link out of the folder or
+  a size that does not fit the weights (config_bounds.py), or what
+  `refusals(config, model_type)` (a list of reasons) says jaxformer does
+  not support."""
+  config_bounds.check_links(folder, error)
   hf = read_json(folder, 'config.json')
   kind = hf.get('model_type')
   if kind not in model_types:
     raise error(f'{folder}/config.json: model_type is {kind!r}, not one '
                 f'of {tuple(model_types)}')
+  config_bounds.check_sizes(folder, hf, error)  # Before anything is built.
   reasons = refusals(hf, kind)
   if reasons:
     raise error(f'{folder}/config.json asks what jaxformer does not '

@@ -153,7 +153,7 @@ def check_exportable(trained, what: str) -> None:
   if reasons:
     raise ValueError(f'{what}: this language model is not of the Llama '
                      'family: ' + '; '.join(reasons) + '.')
-  if not hasattr(trained.target_tok, 'hf_files'):
+  if not trained.target_tok.hf_files():
     raise ValueError(f'{what} writes Hugging Face tokenizers (of imported '
                      "models); this model's tokenizer is jaxformer's own "
                      'SentencePiece model.')

@@ -23,7 +23,7 @@ import numpy as np
 
 from jaxformer.data import sources
 from jaxformer.data import language_tokenizer, vocab_tokenizer
-from jaxformer.interop import bart_weights, folders, hf_folders
+from jaxformer.interop import bart_weights, config_bounds, folders, hf_folders
 from jaxformer.model.config import ModelConfig
 
 MODEL_TYPE = 'm2m_100'
@@ -45,6 +45,9 @@ class M2M100ImportError(ValueError):
 
 
 def read_config(folder: str) -> dict:
+  """config.json, its sizes checked against the weights and the folder
+  against links out of it (config_bounds.py)."""
+  config_bounds.check_links(folder, M2M100ImportError)
   try:
     hf = hf_folders.read_json(folder, 'config.json')
   except hf_folders.FolderError as e:
@@ -52,6 +55,7 @@ def read_config(folder: str) -> dict:
   if hf.get('model_type') != MODEL_TYPE:
     raise M2M100ImportError(f'{folder}/config.json: model_type is '
                             f'{hf.get("model_type")!r}, not {MODEL_TYPE!r}')
+  config_bounds.check_sizes(folder, hf, M2M100ImportError)
   return hf
 
 

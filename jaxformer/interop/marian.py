@@ -24,7 +24,7 @@ import numpy as np
 
 from jaxformer.data import sources
 from jaxformer.data import vocab_tokenizer
-from jaxformer.interop import bart_weights, folders
+from jaxformer.interop import bart_weights, config_bounds, folders
 from jaxformer.model.config import ModelConfig
 
 ACTIVATIONS = {'swish': 'swish', 'silu': 'swish', 'relu': 'relu',
@@ -46,6 +46,9 @@ class MarianImportError(ValueError):
 
 
 def _read_config(folder: str) -> dict:
+  """config.json, its sizes checked against the weights and the folder
+  against links out of it (config_bounds.py)."""
+  config_bounds.check_links(folder, MarianImportError)
   path = os.path.join(folder, 'config.json')
   if not os.path.isfile(path):
     raise MarianImportError(f'{folder} is not a Hugging Face Marian folder: no '
@@ -58,6 +61,7 @@ def _read_config(folder: str) -> dict:
   if config.get('model_type') != 'marian':
     raise MarianImportError(f'{path}: model_type is {config.get("model_type")!r}, '
                        "not 'marian'; only Marian (OPUS-MT) models import")
+  config_bounds.check_sizes(folder, config, MarianImportError)
   return config
 
 

@@ -62,8 +62,12 @@ def weight_files(folder: str) -> tuple[list[str], dict[str, str]] | None:
     names = sorted(set(weight_map.values()))
     for name in names:
       path = os.path.join(folder, name)
-      if os.path.basename(name) != name or not os.path.isfile(path):
-        tensor = next(t for t, n in weight_map.items() if n == name)
+      tensor = next(t for t, n in weight_map.items() if n == name)
+      if os.path.basename(name) != name or name in ('.', '..'):
+        raise WeightsError(f'{os.path.join(folder, INDEX)} names {name!r} '
+                           f'(for {tensor}), which is not a file name in '
+                           f'{folder}; download the index again')
+      if not os.path.isfile(path):
         raise WeightsError(f'{path} is missing, but {INDEX} names it (for '
                            f'{tensor}); download it again')
   elif os.path.isfile(os.path.join(folder, SINGLE)):

@@ -6,6 +6,7 @@ import jax
 
 from jaxformer.checkpoints import manager as checkpoint_lib
 from jaxformer.parallel import cluster
+from jaxformer.runtime import stop_clock
 
 
 class StopRequested:
@@ -22,6 +23,7 @@ class StopRequested:
   def __init__(self):
     self.signal_name = None
     self._agreed = False
+    self._at_logged = False
     self._previous = {}
 
   def __enter__(self):
@@ -43,17 +45,34 @@ class StopRequested:
   def at(self, step: int, checkpoints: checkpoint_lib.Checkpointer) -> bool:
     """Whether to save and stop after `step`; call once at every step."""
     if cluster.runtime_started() and checkpoints.reached_preemption(step):
+      if not self._agreed:
+        stop_clock.signalled('SIGTERM')  # JAX's service took it earlier.
       self.signal_name, self._agreed = 'Preemption notice (SIGTERM)', True
-    return self._agreed or self.signalled()
+    stopping = self._agreed or self._here()
+    if stopping:
+      self._note(f'step {step} finished; saving it')
+    return stopping
 
   def signalled(self) -> bool:
     """Whether a signal came in this process (no cross-process agreement:
     for a stop between two calls of `at`, such as during an evaluation)."""
+    if self._here():
+      self._note('the evaluation in progress finished; saving its step')
+    return self._here()
+
+  def _here(self) -> bool:
     return jax.process_count() == 1 and self.signal_name is not None
+
+  def _note(self, phase: str) -> None:
+    """The first phase of the stop, timed (runtime/stop_clock.py)."""
+    if not self._at_logged:
+      self._at_logged = True
+      stop_clock.phase(phase)
 
   def _handle(self, signum, frame):
     del frame
     self.signal_name = signal.Signals(signum).name
+    stop_clock.signalled(self.signal_name)
 
   def __exit__(self, *exc):
     for sig, handler in self._previous.items():

@@ -122,6 +122,8 @@ def write_bytes(path: str | os.PathLike, contents: bytes) -> None:
   temporary = f'{path}.tmp-{os.getpid()}'
   with open(temporary, 'wb') as f:
     f.write(contents)
+    f.flush()
+    os.fsync(f.fileno())  # The bytes are on disk before the name is.
   os.replace(temporary, path)
 
 
@@ -221,14 +223,39 @@ def replacing(path: str | os.PathLike):
   try:
     with os.fdopen(handle, 'wb') as f:
       yield f
+      f.flush()
+      os.fsync(f.fileno())
     if remote:
       filesystem, name = fsspec.core.url_to_fs(path)
       filesystem.put_file(temporary, name)
     else:
+      os.chmod(temporary, 0o666 & ~_umask())  # mkstemp's is 0600.
       os.replace(temporary, path)
   finally:
     if os.path.exists(temporary):
       os.remove(temporary)
+
+
+def _umask() -> int:
+  """The process's umask (read by setting it, then set back)."""
+  mask = os.umask(0o022)
+  os.umask(mask)
+  return mask
+
+
+def readable_as_umask_allows(directory: str | os.PathLike) -> None:
+  """Gives a local `directory` and everything in it the modes the umask
+  allows (a temporary directory is made 0700, some writers' files 0600:
+  unreadable to a team sharing the filesystem); nothing for remote."""
+  if is_remote(directory):
+    return
+  mask = _umask()
+  os.chmod(directory, 0o777 & ~mask)
+  for root, folders, files in os.walk(directory):
+    for name in folders:
+      os.chmod(os.path.join(root, name), 0o777 & ~mask)
+    for name in files:
+      os.chmod(os.path.join(root, name), 0o666 & ~mask)
 
 
 PART_RECORDS = 64  # appends per object of a remote appendable file
