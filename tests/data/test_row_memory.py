@@ -46,6 +46,7 @@ SCRIPT = textwrap.dedent('''
 ''')
 
 
+@pytest.mark.slow
 def test_a_corpus_larger_than_the_memory_cap_is_served(tmp_path, tok):
   sentences = [s for s, _ in builtin.generate(2000, 1, 'train')]
   block = ''.join(' '.join(sentences[i:i + 3]) + '\n'
