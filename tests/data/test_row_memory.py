@@ -7,6 +7,8 @@ import subprocess
 import sys
 import textwrap
 
+import pytest
+
 from jaxformer.data import builtin
 
 SCRIPT = textwrap.dedent('''
