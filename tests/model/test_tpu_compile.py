@@ -91,6 +91,7 @@ GROUPED = MODEL.replace(num_heads=4, num_kv_heads=2, head_dim=128,
                         norm_position='pre', activation='swiglu')
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize('tensor', [2, 4])
 def test_grouped_query_attention_compiles_to_splash_over_tensor(v5e_devices,
                                                                 tensor):
