@@ -225,6 +225,7 @@ class Trainer:
   def _open_loop(self, start_step: int) -> Loop:
     """The data stream from `start_step`, the metrics' writers and the
     budget's measuring step (which may fix the step count)."""
+    peak_flops = log_window.peak_flops(self.config.train.peak_flops, self.log)
     batches = task_batches.train_batches(
         self.config, self.source_tok, self.target_tok, start_step=start_step,
         process_index=jax.process_index(), share=self.share,
@@ -242,7 +243,6 @@ class Trainer:
                     else None)
     progress = Progress(train.num_steps, start_step, enabled=self.is_main,
                         seconds_left=seconds_left)
-    peak_flops = log_window.peak_flops(train.peak_flops)
     return Loop(start_step, batches, writer, progress,
                 peak_flops * jax.device_count(), seconds_left, over_budget,
                 mixture.Tally(self.config.data))
