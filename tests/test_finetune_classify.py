@@ -5,12 +5,8 @@ labels and files refused in one line before any training."""
 import base64
 import json
 import math
-import os
 import pathlib
 import random
-import subprocess
-import sys
-import time
 
 import jax
 import numpy as np
@@ -33,6 +29,7 @@ from jaxformer.train import dev_metrics
 from jaxformer.train import run_spec
 
 from test_fault_tolerance import kill_resume_and_compare
+from trained_runs import process_output, train_process
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 CONFIGS = {'classification': str(ROOT / 'configs' / 'finetune_classify.py'),
@@ -361,26 +358,9 @@ def test_a_best_metric_the_task_lacks_is_refused(data, tmp_path, capfd):
 # ----------------------------------------------------------------- resume
 
 
-def _train(workdir: pathlib.Path, flags) -> subprocess.Popen:
-  workdir.mkdir(exist_ok=True)
-  log = open(workdir / f'log_{time.time_ns()}.txt', 'w')
-  environment = dict(os.environ, TF_CPP_MIN_LOG_LEVEL='2',
-                     XLA_FLAGS='--xla_force_host_platform_device_count=2',
-                     # The runs of a test share their compiled programs.
-                     JAXFORMER_COMPILATION_CACHE=str(workdir.parent / 'xla'),
-                     JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS='0')
-  return subprocess.Popen(
-      [sys.executable, '-m', 'jaxformer', 'train', '--config',
-       CONFIGS['classification'], '--workdir', str(workdir), *flags],
-      stdout=log, stderr=subprocess.STDOUT, env=environment)
-
-
-def _output(workdir: pathlib.Path) -> str:
-  return '\n'.join(p.read_text() for p in sorted(workdir.glob('log_*.txt')))
-
-
 @pytest.mark.slow
-def test_a_killed_pair_finetune_resumes_bitwise(data, tmp_path):
+def test_a_killed_pair_finetune_resumes_bitwise(data, tmp_path,
+                                               process_environment):
   """SIGKILL after a checkpoint, then the same command: the metrics (the
   dev evaluations too) and the parameters equal an uninterrupted run's."""
   root, paths = data
@@ -389,6 +369,8 @@ def test_a_killed_pair_finetune_resumes_bitwise(data, tmp_path):
       root, paths['classification'], 'classification', steps)] + [
           '--config.checkpoint.every=2', '--config.checkpoint.keep=10',
           '--config.eval.every=4']
-  got = kill_resume_and_compare(lambda workdir: _train(workdir, flags),
-                                _output, tmp_path, steps)
+  got = kill_resume_and_compare(
+      lambda workdir: train_process(workdir, CONFIGS['classification'], flags,
+                                    process_environment),
+      process_output, tmp_path, steps)
   assert any('eval_macro_f1' in record for record in got)

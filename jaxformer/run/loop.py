@@ -49,6 +49,8 @@ def open_loop(config: ml_collections.ConfigDict, tokenizers, share: RowShare,
   """The data stream from `start_step`, the metrics' writers and the
   budget's measuring step and the plan a resumed run follows."""
   is_main = jax.process_index() == 0
+  # Measured (on a CPU) before the input pipeline's threads start.
+  peak_flops = log_window.peak_flops(config.train.peak_flops, log)
   batches = task_batches.train_batches(
       config, *tokenizers, start_step=start_step,
       process_index=jax.process_index(), share=share,
@@ -62,7 +64,6 @@ def open_loop(config: ml_collections.ConfigDict, tokenizers, share: RowShare,
   seconds_left = budget.wall_seconds_left if train.max_minutes else None
   progress = Progress(plan[-1][1] if plan else train.num_steps, start_step,
                       enabled=is_main, seconds_left=seconds_left)
-  peak_flops = log_window.peak_flops(train.peak_flops)
   return Loop(start_step, batches, writer, progress,
               peak_flops * jax.device_count(), seconds_left, over_budget,
               mixture.Tally(config.data), plan)
