@@ -93,12 +93,15 @@ def check_sizes(folder: str, hf: Mapping, error: type[Exception]) -> None:
     if key in hf and (held := _layers(names, pattern)) and held != hf[key]:
       raise error(f'{config}: {key}={hf[key]}, but the weights hold {held} '
                   'layers; the config does not belong to these weights')
-  largest = max((d for shape in shapes.values() for d in shape), default=0)
+  widest = max(shapes, key=lambda name: max(shapes[name], default=0),
+               default=None)
+  largest = max(shapes[widest], default=0) if widest else 0
   for key in WIDTH_KEYS:
     if hf.get(key, 0) > largest:
       raise error(f'{config}: {key}={hf[key]} is larger than any dimension '
-                  f'of the weights ({largest}); the config does not belong '
-                  'to these weights')
+                  f'of the weights (the largest, {largest}, in {widest} of '
+                  f'shape {tuple(shapes[widest])}); the config does not '
+                  'belong to these weights')
   for key in POSITION_KEYS:
     if hf.get(key, 0) > max(largest, MAX_POSITIONS):
       raise error(f'{config}: {key}={hf[key]} is over '
