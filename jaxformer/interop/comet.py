@@ -5,10 +5,14 @@ Unbabel's `comet` package saves and downloads it, read for scoring in JAX
 The folder: `hparams.yaml` (class_identifier, pretrained_model, pool,
 layer, layer_norm, hidden_sizes, activations, final_activation) and
 `checkpoints/model.ckpt` (a PyTorch Lightning checkpoint, or its bare
-state dict). Two models are read:
+state dict). Three models are read:
   regression_metric (wmt22-comet-da): source, translation and reference;
-  referenceless_regression_metric (QE): source and translation.
-Both are an XLM-R encoder (`encoder.model.*`: read by bert.py's one table
+  referenceless_regression_metric (QE): source and translation;
+  unified_metric (CometKiwi, wmt22-cometkiwi-da: input_segments mt, src;
+    with mt, src, ref and a reference given, the mean of its scores of
+    mt:src, mt:ref and mt:src:ref), one sequence of the sentences joined,
+    its first token's mixed states read by the estimator (sent_layer).
+Each is an XLM-R encoder (`encoder.model.*`: read by bert.py's one table
 of the BERT family), a layer-wise attention over its embeddings and every
 layer's output (`layerwise_attention.scalar_parameters.{i}`, `.gamma`) and
 a feed-forward estimator (`estimator.ff.{3k}.{weight,bias}`: Linear,
@@ -28,13 +32,19 @@ from jaxformer.interop import bert, hf_folders
 from jaxformer.model.config import ModelConfig
 from jaxformer.storage import paths
 
-# class_identifier -> the sentences it reads, besides the translation.
+# class_identifier -> the sentences it reads besides the translation
+# (None: hparams.yaml's input_segments say).
 MODELS = {'regression_metric': ('src', 'ref'),
-          'referenceless_regression_metric': ('src',)}
+          'referenceless_regression_metric': ('src',),
+          'unified_metric': None}
 # class_identifier -> the sentence embeddings the estimator reads.
-FEATURES = {'regression_metric': 6, 'referenceless_regression_metric': 4}
-ACTIVATIONS = ('tanh', 'sigmoid', 'relu', 'gelu')
+FEATURES = {'regression_metric': 6, 'referenceless_regression_metric': 4,
+            'unified_metric': 1}
+# comet's activations (names of torch.nn classes as str.title() spells
+# them) that jaxformer computes.
+ACTIVATIONS = ('tanh', 'sigmoid', 'softplus', 'softsign')
 POOLS = ('avg', 'cls', 'max')
+TRANSFORMATIONS = ('softmax', 'sparsemax')
 ENCODER_PREFIX = 'encoder.model.'
 
 
@@ -44,15 +54,19 @@ class CometError(ValueError):
 
 
 class Comet(NamedTuple):
-  """A COMET model: the encoder's config and parameters (`PooledEncoder`'s,
-  no pooler), the layer mix (weights [layers + 1], gamma, or `layer`: one
-  layer's states), the pooling and the estimator's layers [(kernel [in,
-  out], bias [out])] with their activations."""
+  """A COMET model: its class_identifier, the sentences it reads besides
+  the translation ('src', 'ref'), the encoder's config and parameters
+  (`PooledEncoder`'s, no pooler), the layer mix (weights [layers + 1]
+  before their `transformation`, gamma; or `layer`: one layer's states),
+  the pooling, and the estimator's layers [(kernel [in, out], bias [out])]
+  with their activations."""
   kind: str
+  segments: tuple[str, ...]
   encoder_config: ModelConfig
   encoder_params: dict
   tokenizer: object
   mix_weights: np.ndarray | None
+  transformation: str
   gamma: float
   layer: int | None
   layer_norm: bool
@@ -61,9 +75,6 @@ class Comet(NamedTuple):
   activation: str
   final_activation: str | None
 
-  @property
-  def inputs(self) -> tuple[str, ...]:
-    return MODELS[self.kind]
 
 
 def read_hparams(folder: str) -> dict:
@@ -94,11 +105,24 @@ def read_hparams(folder: str) -> dict:
   if final is not None and str(final).lower() not in ACTIVATIONS:
     raise CometError(f'{path}: final_activation {final!r} (supported: '
                      f'{", ".join(ACTIVATIONS)})')
-  if hparams.get('layer_transformation', 'softmax') != 'softmax':
+  if hparams.get('word_level_training'):
+    raise CometError(f'{path}: word_level_training (jaxformer scores '
+                     'sentences; word-level tags are not read)')
+  if transformation(hparams) not in TRANSFORMATIONS:
     raise CometError(f'{path}: layer_transformation '
                      f'{hparams["layer_transformation"]!r} (supported: '
-                     'softmax)')
+                     f'{", ".join(TRANSFORMATIONS)})')
   return hparams
+
+
+def transformation(hparams: dict) -> str:
+  """The layer mix's weights: 'softmax' or 'sparsemax' (comet's own
+  default for each class; its 'sparsemax_patch' is computed as softmax,
+  as comet >= 2.2.4 does)."""
+  unified = hparams.get('class_identifier') == 'unified_metric'
+  name = str(hparams.get('layer_transformation',
+                         'sparsemax' if unified else 'softmax'))
+  return 'softmax' if name == 'sparsemax_patch' else name
 
 
 def encoder_folder(folder: str, hparams: dict) -> str:
@@ -186,7 +210,9 @@ def load(folder: str) -> Comet:
     raise CometError(f'{folder}/checkpoints/model.ckpt: {e}') from None
   config = dataclasses.replace(config, pooler=False)
   rest = {k: v for k, v in state.items() if not k.startswith(ENCODER_PREFIX)}
-  layer, weights, gamma = hparams.get('layer', 'mix'), None, 1.0
+  unified = kind == 'unified_metric'
+  layer = hparams.get('sent_layer' if unified else 'layer', 'mix')
+  weights, gamma = None, 1.0
   if layer == 'mix':
     count = config.num_encoder_layers + 1
     weights = np.concatenate([_take(
@@ -201,9 +227,21 @@ def load(folder: str) -> Comet:
   features = FEATURES[kind]
   estimator = _estimator(rest, features * config.d_model, hparams)
   final = hparams.get('final_activation')
-  return Comet(kind, config, params['body'], tokenizer, weights, gamma,
-               layer, bool(hparams.get('layer_norm', True)
-                           ) and layer is None, str(hparams.get(
-                               'pool', 'avg')).lower(), estimator,
-               str(hparams.get('activations', 'Tanh')).lower(),
+  return Comet(kind, _segments(kind, hparams, folder), config,
+               params['body'], tokenizer, weights, transformation(hparams),
+               gamma, layer,
+               bool(hparams.get('layer_norm', True)) and layer is None,
+               'cls' if unified else str(hparams.get('pool', 'avg')).lower(),
+               estimator, str(hparams.get('activations', 'Tanh')).lower(),
                None if final is None else str(final).lower())
+
+
+def _segments(kind: str, hparams: dict, folder: str) -> tuple[str, ...]:
+  if MODELS[kind] is not None:
+    return MODELS[kind]
+  segments = list(hparams.get('input_segments', ['mt', 'src', 'ref']))
+  if segments[:1] != ['mt'] or not set(segments[1:]) <= {'src', 'ref'} or (
+      len(segments) < 2):
+    raise CometError(f'{folder}/hparams.yaml: input_segments {segments} '
+                     '(mt first, then src and/or ref)')
+  return tuple(segments[1:])

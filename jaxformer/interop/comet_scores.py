@@ -10,6 +10,11 @@ sentence over its real tokens and features where layer_norm), pooled
 estimator reads
   regression_metric:             [mt, ref, mt*ref, |mt-ref|, mt*src, |mt-src|]
   referenceless_regression_metric: [mt, src, mt*src, |mt-src|].
+unified_metric (CometKiwi) encodes the sentences joined into one sequence
+(<s> mt </s></s> src </s>, each cut alone first, the whole cut to the
+encoder's positions as comet cuts it) and the estimator reads its first
+token's mixed states; with src and ref, the score is the mean of those of
+mt:src, mt:ref and mt:src:ref.
 """
 import functools
 from typing import Sequence
@@ -22,8 +27,19 @@ from jaxformer.interop import comet
 from jaxformer.model.transformer import EncoderLayer, PooledEncoder
 
 ACTIVATIONS = {'tanh': jnp.tanh, 'sigmoid': jax.nn.sigmoid,
-               'relu': jax.nn.relu,
-               'gelu': functools.partial(jax.nn.gelu, approximate=False)}
+               'softplus': jax.nn.softplus, 'softsign': jax.nn.soft_sign}
+def sparsemax(z: jax.Array) -> jax.Array:
+  """[n] -> the Euclidean projection of z onto the simplex (Martins &
+  Astudillo 2016): max(z - tau, 0), tau set so that the sum is 1."""
+  ordered = jnp.sort(z)[::-1]
+  ks = jnp.arange(1, z.shape[0] + 1, dtype=z.dtype)
+  sums = jnp.cumsum(ordered)
+  support = (1 + ks * ordered > sums).sum()
+  tau = (sums[support - 1] - 1) / support
+  return jnp.maximum(z - tau, 0)
+
+
+TRANSFORMATIONS = {'softmax': jax.nn.softmax, 'sparsemax': sparsemax}
 # COMET's layer norm of the mix: its epsilon, under the square root.
 MIX_EPSILON = 1e-12
 
@@ -67,7 +83,8 @@ def sentence_embeddings(model: comet.Comet, ids: jax.Array) -> jax.Array:
   else:
     if model.layer_norm:
       states = _normalized(states, mask)
-    weights = jax.nn.softmax(jnp.asarray(model.mix_weights))
+    weights = TRANSFORMATIONS[model.transformation](
+        jnp.asarray(model.mix_weights))
     mixed = model.gamma * jnp.einsum('l,lbsd->bsd', weights, states)
   if model.pool == 'cls':
     return mixed[:, 0]
@@ -95,16 +112,40 @@ def _features(kind: str, mt, src, ref) -> jax.Array:
                           mt * src, jnp.abs(mt - src)], 1)
 
 
-def token_rows(model: comet.Comet, texts: Sequence[str]) -> np.ndarray:
-  """Texts -> [batch, s] ids with the tokenizer's special tokens, cut (its
-  end token kept) to what the encoder's positions allow, padded."""
-  limit = model.encoder_config.max_len - 2  # As COMET's encoders cut.
+def token_ids(model: comet.Comet, texts: Sequence[str]) -> list[list[int]]:
+  """Texts -> ids with the tokenizer's special tokens, cut (its end token
+  kept) to what the encoder's positions allow, as comet's encoders cut."""
+  limit = model.encoder_config.max_len - 2
   eos = model.tokenizer.eos_id
-  rows = [ids if len(ids) <= limit else ids[:limit - 1] + [eos]
+  return [ids if len(ids) <= limit else ids[:limit - 1] + [eos]
           for ids in model.tokenizer.encode(list(texts))]
+
+
+def joined(model: comet.Comet, *segments: list[int]) -> list[int]:
+  """One sequence of several sentences' ids (each with its own <s> and
+  </s>): <s> a </s></s> b </s> ..., cut to the encoder's positions
+  (comet: where the sentences are longer than the positions less the
+  special tokens, the first positions are kept, the last </s> too)."""
+  start, end = segments[0][0], segments[0][-1]
+  ids = segments[0]
+  for segment in segments[1:]:
+    ids = [start, *ids[1:-1], end, end, *segment[1:-1], end]
+  limit = model.encoder_config.max_len
+  lengths = sum(len(s) - 2 for s in segments)
+  if lengths > limit - (1 + 2 * len(segments)):
+    ids = ids[:limit]
+  return ids
+
+
+def padded(model: comet.Comet, rows: list[list[int]]) -> np.ndarray:
+  """[batch, s] int32, padded with the encoder's pad id."""
   width = max(map(len, rows))
   pad = model.encoder_config.pad_id
   return np.array([r + [pad] * (width - len(r)) for r in rows], np.int32)
+
+
+def token_rows(model: comet.Comet, texts: Sequence[str]) -> np.ndarray:
+  return padded(model, token_ids(model, texts))
 
 
 def sentence_scores(model: comet.Comet, sources: Sequence[str],
@@ -112,7 +153,10 @@ def sentence_scores(model: comet.Comet, sources: Sequence[str],
                     references: Sequence[str] | None = None,
                     batch_size: int = 16) -> list[float]:
   """One score per translation, in order."""
-  if 'ref' in model.inputs and references is None:
+  if model.kind == 'unified_metric':
+    return _unified_scores(model, sources, translations, references,
+                           batch_size)
+  if 'ref' in model.segments and references is None:
     raise comet.CometError(f'{model.kind} needs references')
   embed = jax.jit(functools.partial(sentence_embeddings, model))
   scores = []
@@ -121,9 +165,32 @@ def sentence_scores(model: comet.Comet, sources: Sequence[str],
     mt = embed(token_rows(model, translations[part]))
     src = embed(token_rows(model, sources[part]))
     ref = (embed(token_rows(model, references[part]))
-           if 'ref' in model.inputs else None)
+           if 'ref' in model.segments else None)
     scores += np.asarray(estimate(model, _features(model.kind, mt, src, ref))
                          ).tolist()
+  return scores
+
+
+def _unified_scores(model: comet.Comet, sources, translations, references,
+                    batch_size: int) -> list[float]:
+  """CometKiwi's scores: of mt joined with its segments (src, ref where
+  given), or with src and ref, the mean of mt:src, mt:ref, mt:src:ref."""
+  given = {'src': sources, 'ref': references}
+  names = [n for n in model.segments if given[n] is not None]
+  if not names:
+    raise comet.CometError(f'{model.kind} of input_segments '
+                           f'{["mt", *model.segments]} needs sources')
+  orders = ([['src'], ['ref'], ['src', 'ref']] if len(names) == 2
+            else [names])
+  score = jax.jit(lambda ids: estimate(model, sentence_embeddings(model, ids)))
+  scores = []
+  for start in range(0, len(translations), batch_size):
+    part = slice(start, start + batch_size)
+    mt = token_ids(model, translations[part])
+    ids = {n: token_ids(model, given[n][part]) for n in names}
+    runs = [score(padded(model, [joined(model, *row) for row in zip(
+        mt, *(ids[n] for n in order))])) for order in orders]
+    scores += np.asarray(jnp.mean(jnp.stack(runs), 0)).tolist()
   return scores
 
 

@@ -14,7 +14,8 @@ XLMR = dict(hidden_size=32, num_attention_heads=4, intermediate_size=48,
             eos_token_id=2)
 # class_identifier -> the comet class.
 CLASSES = {'regression_metric': 'RegressionMetric',
-           'referenceless_regression_metric': 'ReferencelessRegression'}
+           'referenceless_regression_metric': 'ReferencelessRegression',
+           'unified_metric': 'UnifiedMetric'}
 
 
 def write_encoder(folder: str) -> None:
@@ -36,19 +37,21 @@ def write_checkpoint(folder: str, kind: str = 'regression_metric',
   from comet import models
   encoder = os.path.join(folder, 'encoder')
   write_encoder(encoder)
-  hparams = dict(pretrained_model=encoder, load_pretrained_weights=False,
-                 hidden_sizes=[24, 16], layer_norm=True, pool='avg',
-                 layer='mix', activations='Tanh', final_activation=None,
-                 dropout=0.1, **hparams)
+  layer = (dict(sent_layer='mix') if kind == 'unified_metric'
+           else dict(layer='mix', pool='avg'))
+  hparams = dict(dict(pretrained_model=encoder, load_pretrained_weights=False,
+                      hidden_sizes=[24, 16], layer_norm=True,
+                      activations='Tanh', final_activation=None, dropout=0.1,
+                      **layer), **hparams)
   torch.manual_seed(seed)
   model = getattr(models, CLASSES[kind])(**hparams)
   bert_folders._randomize(model.encoder.model, seed)  # noqa: SLF001
   generator = torch.Generator().manual_seed(seed + 1)
   with torch.no_grad():
     for name, tensor in model.named_parameters():
-      if not name.startswith('encoder.'):
+      if not name.startswith('encoder.'):  # Spread: sparsemax drops some.
         tensor.copy_(torch.randn(tensor.shape, generator=generator) * (
-            0.5 if tensor.ndim < 2 else tensor.shape[1] ** -0.5))
+            1.0 if tensor.ndim < 2 else tensor.shape[1] ** -0.5))
   os.makedirs(os.path.join(folder, 'checkpoints'))
   import pytorch_lightning
   torch.save({'state_dict': model.state_dict(),
@@ -72,15 +75,29 @@ def _encoder_forward(self, input_ids, attention_mask, **kwargs):
           'attention_mask': attention_mask}
 
 
+def _pair_with_special_tokens(self, ids_a, ids_b=None):
+  """transformers 4's XLMRobertaTokenizer.build_inputs_with_special_tokens
+  (gone in transformers 5), which comet's unified metric calls: <s> a
+  </s>, or <s> a </s></s> b </s>."""
+  start, end = [self.cls_token_id], [self.sep_token_id]
+  if ids_b is None:
+    return start + list(ids_a) + end
+  return start + list(ids_a) + end + end + list(ids_b) + end
+
+
 def comet_scores(folder: str, samples: list[dict], monkeypatch
                  ) -> list[float]:
   """`comet`'s own predict of the saved folder (loaded as comet loads a
-  downloaded model), on CPU; its encoder's forward adapted to
-  transformers 5 (`_encoder_forward`), the rest comet's code."""
+  downloaded model), on CPU; where transformers 5 changed what comet
+  2.2.7 calls (`_encoder_forward`, `_pair_with_special_tokens`), the same
+  values as transformers 4 gave; the rest comet's code."""
   from comet import load_from_checkpoint
   from comet.encoders import xlmr
   monkeypatch.setattr(xlmr.XLMREncoder, 'forward', _encoder_forward)
   model = load_from_checkpoint(
       os.path.join(folder, 'checkpoints', 'model.ckpt'))
+  monkeypatch.setattr(type(model.encoder.tokenizer),
+                      'build_inputs_with_special_tokens',
+                      _pair_with_special_tokens, raising=False)
   return list(model.predict(samples, batch_size=8, gpus=0,
                             progress_bar=False).scores)

@@ -1,9 +1,10 @@
 """COMET in JAX (`jaxformer evaluate --comet DIR`): on random-weight
 checkpoint folders that Unbabel's `comet` builds and saves
 (comet_folders.py), jaxformer's sentence scores equal `comet`'s `predict`
-within 1e-4, with a reference (regression_metric, wmt22-comet-da's class)
-and without (referenceless_regression_metric), sentences longer than the
-encoder's positions included; `evaluate` puts them in its JSON beside BLEU
+within 1e-4, with a reference (regression_metric, wmt22-comet-da's class;
+the unified metric with a reference) and without (referenceless_regression
+_metric; unified_metric as CometKiwi), sentences longer than the encoder's
+positions included; `evaluate` puts them in its JSON beside BLEU
 and chrF; a folder that is not a COMET checkpoint is refused in one line
 naming what is missing."""
 import json
@@ -24,7 +25,19 @@ import random_run  # noqa: E402
 from jaxformer.cli import main as cli  # noqa: E402
 from jaxformer.interop import comet, comet_scores  # noqa: E402
 
-KINDS = ('regression_metric', 'referenceless_regression_metric')
+# name -> (class_identifier, hparams): wmt22-comet-da's class; QE; CometKiwi
+# (wmt22-cometkiwi-da's input segments and sparsemax); the unified metric
+# with a reference (the mean of its three scores).
+MODELS = {
+    'comet-da': ('regression_metric', {}),
+    'comet-qe': ('referenceless_regression_metric',
+                 dict(pool='max', layer_norm=False, activations='Softplus')),
+    'cometkiwi': ('unified_metric', dict(
+        input_segments=['mt', 'src'], layer_transformation='sparsemax',
+        final_activation='Sigmoid')),
+    'unified-ref': ('unified_metric', dict(
+        input_segments=['mt', 'src', 'ref'], layer_transformation='softmax')),
+}
 
 
 def samples(count: int = 20) -> list[dict]:
@@ -40,24 +53,24 @@ def samples(count: int = 20) -> list[dict]:
 
 @pytest.fixture(scope='module')
 def folders(tmp_path_factory):
-  """kind -> a COMET folder of that kind."""
+  """name -> a COMET folder of MODELS[name]."""
   made = {}
-  for seed, kind in enumerate(KINDS):
-    made[kind] = str(tmp_path_factory.mktemp(kind) / 'comet')
-    comet_folders.write_checkpoint(made[kind], kind, seed)
+  for seed, (name, (kind, hparams)) in enumerate(MODELS.items()):
+    made[name] = str(tmp_path_factory.mktemp(name) / 'comet')
+    comet_folders.write_checkpoint(made[name], kind, seed, **hparams)
   return made
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize('kind', KINDS)
-def test_scores_equal_comet_predict(folders, kind, monkeypatch):
+@pytest.mark.parametrize('name', MODELS)
+def test_scores_equal_comet_predict(folders, name, monkeypatch):
   rows = samples()
-  model = comet.load(folders[kind])
-  assert model.kind == kind
+  model = comet.load(folders[name])
+  assert model.kind == MODELS[name][0]
   ours = comet_scores.sentence_scores(
       model, [r['src'] for r in rows], [r['mt'] for r in rows],
       [r['ref'] for r in rows], batch_size=8)
-  theirs = comet_folders.comet_scores(folders[kind], rows, monkeypatch)
+  theirs = comet_folders.comet_scores(folders[name], rows, monkeypatch)
   np.testing.assert_allclose(ours, theirs, atol=1e-4, rtol=0)
   assert np.std(ours) > 1e-3  # Sentences' scores differ: a real check.
 
@@ -77,7 +90,7 @@ def test_evaluate_prints_comet_beside_bleu(folders, run, tmp_path, capsys,
                                            monkeypatch):
   workdir, config = run
   hypotheses = str(tmp_path / 'hypotheses.txt')
-  folder = folders['regression_metric']
+  folder = folders['comet-da']
   assert cli.main(['evaluate', '--workdir', workdir, '--beam', '1',
                    '--comet', folder, '--hypotheses', hypotheses]) == 0
   report = json.loads(capsys.readouterr().out)
@@ -96,7 +109,7 @@ def test_evaluate_prints_comet_beside_bleu(folders, run, tmp_path, capsys,
 
 def _copy_without(folders, tmp_path, name: str) -> str:
   copy = str(tmp_path / 'copy')
-  shutil.copytree(folders['regression_metric'], copy)
+  shutil.copytree(folders['comet-da'], copy)
   target = os.path.join(copy, name)
   (shutil.rmtree if os.path.isdir(target) else os.remove)(target)
   return copy
@@ -116,7 +129,7 @@ def test_a_folder_that_is_not_a_comet_checkpoint_is_refused(
     with open(os.path.join(copy, 'hparams.yaml')) as f:
       text = f.read()
     with open(os.path.join(copy, 'hparams.yaml'), 'w') as f:
-      f.write(text.replace(folders['regression_metric'], copy))
+      f.write(text.replace(folders['comet-da'], copy))
   assert cli.main(['evaluate', '--workdir', str(tmp_path / 'none'),
                    '--comet', copy]) == 1
   err = capsys.readouterr().err.strip().splitlines()
