@@ -30,6 +30,33 @@ os.environ.setdefault('EPATH_USE_TF', 'false')
 os.environ.setdefault('JAXFORMER_COMPILATION_CACHE', 'off')
 
 
+@pytest.fixture(scope='session')
+def quickstart_workdir(tmp_path_factory) -> str:
+  """The runlocal quick start trained once per test run, for the modules
+  that use a trained translator (tests/trained_runs.py): read-only; a test
+  that writes to it takes `trained_runs.copy` of it."""
+  import trained_runs
+  return str(trained_runs.shared(tmp_path_factory, 'quickstart',
+                                 trained_runs.quickstart_run))
+
+
+@pytest.fixture(scope='session')
+def process_environment(tmp_path_factory) -> dict:
+  """The environment of the `jaxformer` processes that tests start: two
+  CPU devices and this test run's shared compilation cache
+  (trained_runs.process_environment)."""
+  import trained_runs
+  return trained_runs.process_environment(tmp_path_factory)
+
+
+@pytest.fixture(scope='session')
+def lm_export(tmp_path_factory):
+  """(export directory, tokenizer, config, params) of a random language
+  model (test_generate.random_lm_export), for the modules that generate."""
+  from test_generate import random_lm_export
+  return random_lm_export(tmp_path_factory.mktemp('lm'))
+
+
 @pytest.fixture
 def tfds_scratch_in_tmp_path(tmp_path, monkeypatch):
   """Keeps the scratch directories tfds makes under mock_data (it looks for

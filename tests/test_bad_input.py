@@ -8,8 +8,8 @@ import sys
 
 import pytest
 
-from jaxformer.cli import main as cli
 from jaxformer.data import builtin
+from trained_runs import NO_PEAK, train
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 # `data/test_sources.py::test_empty_file` (under tests/), `tests/test_gcs.py`.
@@ -36,19 +36,14 @@ def tsv_flags(directory, **paths):
   return [f'--config.data.tsv.{split}={path}' for split, path in files.items()] + [
       '--config.data.source=tsv', '--config.data.tokenizer.vocab_size=64',
       '--config.data.tokenizer.sample_size=300', '--config.train.num_steps=2',
-      '--config.train.peak_flops=1e9']
-
-
-def train(workdir, flags):
-  return cli.main(['train', '--config', 'configs/quickstart.py:runlocal',
-                   '--workdir', str(workdir)] + flags)
+      NO_PEAK]
 
 
 @pytest.mark.parametrize('split', ['dev', 'test'])
 def test_a_missing_evaluation_split_is_reported_before_training(
     tsv_dir, tmp_path, capfd, split):
   missing = str(tmp_path / f'{split}_missing.tsv')
-  assert train(tmp_path / 'run', tsv_flags(tsv_dir, **{split: missing})) == 1
+  assert train(tmp_path / 'run', *tsv_flags(tsv_dir, **{split: missing})) == 1
   out, err = capfd.readouterr()
   assert f'{missing}: no such file' in err
   assert 'Training steps' not in out
@@ -60,10 +55,11 @@ def test_a_missing_tokenizer_model_is_reported_before_training(
     tsv_dir, tmp_path, capfd):
   missing = str(tmp_path / 'nope.model')
   flags = tsv_flags(tsv_dir) + [f'--config.data.tokenizer.model_path={missing}']
-  assert train(tmp_path / 'run', flags) == 1
+  assert train(tmp_path / 'run', *flags) == 1
   assert f'{missing}: no such file' in capfd.readouterr().err
 
 
+@pytest.mark.slow
 def test_a_data_error_is_one_line_without_orbax_noise(tsv_dir, tmp_path):
   """As the process exits, Orbax's clean-up thread used to fail loudly."""
   command = [sys.executable, '-m', 'jaxformer', 'train', '--config',
@@ -80,7 +76,7 @@ def test_a_data_error_is_one_line_without_orbax_noise(tsv_dir, tmp_path):
 
 
 def test_a_negative_step_count_is_an_error_not_an_empty_run(tmp_path, capfd):
-  assert train(tmp_path / 'run', ['--config.train.num_steps=-5']) == 1
+  assert train(tmp_path / 'run', '--config.train.num_steps=-5') == 1
   assert 'train.num_steps=-5 is out of range' in capfd.readouterr().err
   assert not (tmp_path / 'run').exists()
 

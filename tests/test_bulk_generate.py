@@ -18,14 +18,13 @@ import pytest
 
 from test_bulk_translate import (TIMEOUT, committed, environment, launch,
                                  start_two)
-from test_generate import lm_export
 
 from jaxformer.cli import main as cli
 from jaxformer.data import builtin
 from jaxformer.inference.chunks import chunk_name
 from jaxformer.storage import paths
 
-__all__ = ['environment', 'lm_export']  # Fixtures shared with those tests.
+__all__ = ['environment']  # A fixture shared with those tests.
 
 LINES = 600
 # 16-line chunks: 38 of them, shared out among the processes.
@@ -66,6 +65,7 @@ def reference(lm_export, prompts, tmp_path_factory) -> bytes:
   return out.read_bytes()
 
 
+@pytest.mark.slow
 def test_one_record_per_prompt_as_generate_prints_them(
     lm_export, prompts, reference, tmp_path, capfd):
   """The file holds, line by line, what `generate --input` prints: the
@@ -81,6 +81,7 @@ def test_one_record_per_prompt_as_generate_prints_them(
   assert printed.encode() == reference
 
 
+@pytest.mark.slow
 def test_plain_gz_output_and_the_refusals(lm_export, prompts, reference,
                                           tmp_path, capfd):
   """Without --jsonl a line is the prompt with its continuation; .gz is
@@ -102,6 +103,7 @@ def test_plain_gz_output_and_the_refusals(lm_export, prompts, reference,
   assert status == 1 and '--prompt and --input' in errors
 
 
+@pytest.mark.slow
 def test_gs_input_and_output(lm_export, prompts, reference, capfd,
                              gcs_emulator):
   paths.write_bytes('gs://test-bucket/generate/in.txt.gz',

@@ -16,14 +16,11 @@ import jax
 import pytest
 
 from test_bulk_generate import generate_command, run
-from test_generate import lm_export
 
 from jaxformer.checkpoints import exports
 from jaxformer.data import builtin
 from jaxformer.inference import bulk, bulk_decoders, chunks, provenance
 from jaxformer.inference.chunks import Parts, Plan, chunk_name
-
-__all__ = ['lm_export']
 
 LINES = 96  # 16-line chunks (--batch-size 8, --chunk-batches 2): 6 of them.
 

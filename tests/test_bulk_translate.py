@@ -34,17 +34,11 @@ TIMEOUT = 900  # seconds; generous for a loaded 2-core machine
 
 
 @pytest.fixture(scope='module')
-def workdir(tmp_path_factory):
-  """A quick-start model of 60 steps: it does not translate yet, but its
-  outputs differ from line to line and stop at different lengths."""
-  path = str(tmp_path_factory.mktemp('bulk_model'))
-  assert cli.main(['train', '--config', 'configs/quickstart.py:runlocal',
-                   '--workdir', path, '--config.train.num_steps=60',
-                   '--config.eval.every=0', '--config.eval.final_split=',
-                   '--config.eval.bleu_examples=0',
-                   '--config.train.peak_flops=1e9',
-                   '--config.checkpoint.every=60']) == 0
-  return path
+def workdir(quickstart_workdir):
+  """The quick start of 60 steps that the modules share: it does not
+  translate yet, but its outputs differ from line to line and stop at
+  different lengths."""
+  return quickstart_workdir
 
 
 @pytest.fixture(scope='module')
@@ -59,12 +53,12 @@ def corpus(tmp_path_factory) -> pathlib.Path:
 
 
 @pytest.fixture(scope='module')
-def environment(tmp_path_factory) -> dict:
-  """The processes' environment: this checkout, and a compilation cache
-  that the runs share."""
-  cache = tmp_path_factory.mktemp('compilation_cache')
+def environment(process_environment) -> dict:
+  """The processes' environment: this checkout, and the compilation cache
+  that the test run's processes share."""
+  cache = process_environment['JAXFORMER_COMPILATION_CACHE']
   return dict(os.environ, PYTHONPATH=str(REPO),
-              JAXFORMER_COMPILATION_CACHE=str(cache),
+              JAXFORMER_COMPILATION_CACHE=cache,
               JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS='0')
 
 

@@ -31,6 +31,7 @@ from jaxformer.train import schedule as schedules
 from jaxformer.checkpoints import trained
 from jaxformer.train.run_spec import with_vocabulary
 from jaxformer.train.state import create_train_state, state_shardings
+from trained_runs import train
 
 CONFIG = str(pathlib.Path(__file__).resolve().parents[1] / 'configs'
              / 'quickstart.py') + ':runlocal'
@@ -391,8 +392,7 @@ def test_pack_batches_resume_on_any_layout(tmp_path, config, tokenizer):
 def test_workdir_under_a_file_fails_at_start_naming_the_file(tmp_path, capsys):
   blocking = tmp_path / 'notes.txt'
   blocking.write_text('not a directory')
-  status = cli.main(['train', '--config', CONFIG,
-                     '--workdir', str(blocking / 'run')])
+  status = train(blocking / 'run', config=CONFIG)
   assert status == 1
   assert f'{blocking} is a file' in capsys.readouterr().err
   assert blocking.read_text() == 'not a directory'

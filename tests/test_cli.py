@@ -1,7 +1,9 @@
-"""The commands a user runs after training, on a run of the runlocal quick
-start: translate, evaluate, attention, curves, and their bad-input errors."""
+"""The commands a user runs after training, on the run of the runlocal quick
+start that the modules share (conftest `quickstart_workdir`): translate,
+evaluate, attention, curves, and their bad-input errors."""
 import io
 import json
+import pathlib
 import sys
 
 import pytest
@@ -9,17 +11,12 @@ from PIL import Image
 
 from jaxformer.cli import main as cli
 from jaxformer.cli import model_commands
+from trained_runs import NO_PEAK, copy, train
 
 
 @pytest.fixture(scope='module')
-def workdir(tmp_path_factory):
-  path = str(tmp_path_factory.mktemp('quickstart'))
-  assert cli.main(['train', '--config', 'configs/quickstart.py:runlocal',
-                   '--workdir', path, '--config.train.num_steps=10',
-                   '--config.eval.every=0', '--config.eval.bleu_examples=8',
-                   '--config.train.peak_flops=1e9',
-                   '--config.checkpoint.every=5']) == 0
-  return path
+def workdir(quickstart_workdir):
+  return quickstart_workdir
 
 
 def test_train_reports_test_scores_and_how_to_translate(workdir):
@@ -81,7 +78,7 @@ def test_commands_on_a_trained_model_take_overrides_that_keep_the_model(
   model = model_commands.load_trained(args, ['--config.decode.beam_size=3',
                                              'decode.alpha=0.2'])
   assert (model.config.decode.beam_size, model.config.decode.alpha) == (3, 0.2)
-  assert model.step == 10 and model.task.translates
+  assert model.step == 60 and model.task.translates
   source = tmp_path / 'one.txt'
   source.write_text('he sold three old cups .\n')
   command = ['translate', '--workdir', workdir, '--input', str(source)]
@@ -142,21 +139,20 @@ def test_binary_stdin_names_the_line(workdir, monkeypatch, capfd):
 
 
 def test_training_a_finished_run_again_says_there_is_nothing_to_train(
-    workdir, capfd):
-  assert cli.main(['train', '--config', 'configs/quickstart.py:runlocal',
-                   '--workdir', workdir, '--config.train.num_steps=10',
-                   '--config.eval.final_split=',
-                   '--config.train.peak_flops=1e9']) == 0
-  assert 'already at train.num_steps=10: nothing to train' in (
+    workdir, tmp_path, capfd):
+  assert train(copy(pathlib.Path(workdir), tmp_path),
+               '--config.train.num_steps=60', '--config.eval.final_split=',
+               NO_PEAK) == 0
+  assert 'already at train.num_steps=60: nothing to train' in (
       capfd.readouterr().out)
 
 
-def test_a_pack_run_resumes_on_another_mesh_and_accumulation(workdir, capfd):
+def test_a_pack_run_resumes_on_another_mesh_and_accumulation(
+    workdir, tmp_path, capfd):
   # 'pack' batches do not depend on the layout: no data-order refusal.
-  assert cli.main(['train', '--config', 'configs/quickstart.py:runlocal',
-                   '--workdir', workdir, '--config.train.num_steps=10',
-                   '--config.eval.final_split=', '--config.train.peak_flops=1e9',
-                   '--config.mesh.data=2', '--config.mesh.fsdp=-1',
-                   '--config.train.grad_accum_steps=2']) == 0
+  assert train(copy(pathlib.Path(workdir), tmp_path),
+               '--config.train.num_steps=60', '--config.eval.final_split=',
+               NO_PEAK, '--config.mesh.data=2', '--config.mesh.fsdp=-1',
+               '--config.train.grad_accum_steps=2') == 0
   out, err = capfd.readouterr()
   assert 'nothing to train' in out and 'order' not in err

@@ -263,6 +263,7 @@ def base_on_v5e8():
                      log=print)
 
 
+@pytest.mark.slow
 def test_base_fits_a_v5e8(base_on_v5e8):
   train = _program(base_on_v5e8, 'train')
   assert base_on_v5e8['mesh'] == {'data': 8, 'fsdp': 1, 'tensor': 1}
@@ -292,6 +293,7 @@ def big_on_v5p64():
                      log=print)
 
 
+@pytest.mark.slow
 def test_big_with_fsdp_fits_a_v5p64(big_on_v5p64):
   assert (big_on_v5p64['chips'], big_on_v5p64['hosts']) == (32, 8)
   train = _program(big_on_v5p64, 'train')
@@ -319,6 +321,7 @@ def tensor_parallel():
   return compile_run(config, 'v5e-8', log=print)
 
 
+@pytest.mark.slow
 def test_tensor_parallel_layout_compiles_every_program(tensor_parallel):
   assert tensor_parallel['mesh'] == {'data': 2, 'fsdp': 1, 'tensor': 4}
   names = [p['program'] for p in tensor_parallel['programs']]

@@ -12,6 +12,7 @@ def test_every_config_file_loads_and_validates():
     config_lib.load_config(path)
 
 
+@pytest.mark.slow
 def test_loading_every_config_imports_no_tensorflow():
   # A fresh interpreter: the test process itself has TensorFlow loaded.
   import subprocess
@@ -190,6 +191,7 @@ def tfds_splits_as_tsv(config, tmp_path):
   config.data.source = 'tsv'
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize('path', sorted(
     __import__('glob').glob('configs/*.py')))
 @pytest.mark.usefixtures('tfds_scratch_in_tmp_path')

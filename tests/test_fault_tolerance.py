@@ -5,12 +5,9 @@ exit status is what is tested; the rest runs in-process. All share one
 uninterrupted reference run.
 """
 import json
-import os
 import pathlib
 import shutil
 import signal
-import subprocess
-import sys
 import time
 
 import jax
@@ -23,6 +20,7 @@ from jaxformer.run.log_window import NonFiniteLossError
 from jaxformer.run.trainer import Trainer
 from jaxformer.run.metrics import read_metrics
 from jaxformer.run import goodput
+from trained_runs import train_process
 
 CONFIG = str(pathlib.Path(__file__).resolve().parents[1] / 'configs'
              / 'quickstart.py') + ':runlocal'
@@ -98,14 +96,10 @@ def kill_resume_and_compare(train, output, root: pathlib.Path, steps: int
 
 
 @pytest.fixture(scope='module')
-def environment(tmp_path_factory):
-  """Two devices per run and one compilation cache for all runs."""
-  cache = tmp_path_factory.mktemp('compilation_cache')
-  return dict(os.environ,
-              XLA_FLAGS='--xla_force_host_platform_device_count=2',
-              JAXFORMER_COMPILATION_CACHE=str(cache),
-              JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS='0',
-              TF_CPP_MIN_LOG_LEVEL='2')
+def environment(process_environment):
+  """Two devices per run and one compilation cache for all runs (the
+  test run's)."""
+  return process_environment
 
 
 class Training:
@@ -117,12 +111,9 @@ class Training:
     self.first_record = len(logged_steps(workdir))
     workdir.mkdir(exist_ok=True)
     self.log_path = workdir / f'log_{self.first_record}_{time.time_ns()}.txt'
-    command = [sys.executable, '-m', 'jaxformer', 'train', '--config',
-               config, '--workdir', str(workdir)]
-    command += [f'--config.{o}' for o in overrides]
-    with open(self.log_path, 'w') as log:
-      self.process = subprocess.Popen(command, stdout=log,
-                                      stderr=subprocess.STDOUT, env=environment)
+    self.process = train_process(workdir, config,
+                                 [f'--config.{o}' for o in overrides],
+                                 environment, log=self.log_path)
 
   def wait_until(self, condition, what: str, timeout: float = 600) -> None:
     deadline = time.monotonic() + timeout

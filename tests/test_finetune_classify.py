@@ -5,12 +5,8 @@ labels and files refused in one line before any training."""
 import base64
 import json
 import math
-import os
 import pathlib
 import random
-import subprocess
-import sys
-import time
 
 import jax
 import numpy as np
@@ -26,12 +22,14 @@ from jaxformer.data import labelled
 from jaxformer.data import sources
 from jaxformer.data import task_batches
 from jaxformer.data import tokenizer as tokenizer_lib
+from jaxformer.run import pretrained
 from jaxformer.run.metrics import read_metrics
 from jaxformer.run.trainer import Trainer
 from jaxformer.train import dev_metrics
 from jaxformer.train import run_spec
 
 from test_fault_tolerance import kill_resume_and_compare
+from trained_runs import process_output, train_process
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 CONFIGS = {'classification': str(ROOT / 'configs' / 'finetune_classify.py'),
@@ -167,7 +165,7 @@ def test_pair_tsv_batches_carry_the_token_types(data):
   root, paths = data
   config = load_config(CONFIGS['classification'], overrides(
       root, paths['classification'], 'classification'))
-  config, tokenizers = trained.pretrained_start(config)
+  config, tokenizers = pretrained.pretrained_start(config)
   batch = next(task_batches.eval_batches(config, *tokenizers, 'dev'))
   texts, labels = labelled.read_split(config.data, 'dev')
   assert isinstance(texts[0], tuple) and labels[0] in ('even', 'odd')
@@ -360,26 +358,9 @@ def test_a_best_metric_the_task_lacks_is_refused(data, tmp_path, capfd):
 # ----------------------------------------------------------------- resume
 
 
-def _train(workdir: pathlib.Path, flags) -> subprocess.Popen:
-  workdir.mkdir(exist_ok=True)
-  log = open(workdir / f'log_{time.time_ns()}.txt', 'w')
-  environment = dict(os.environ, TF_CPP_MIN_LOG_LEVEL='2',
-                     XLA_FLAGS='--xla_force_host_platform_device_count=2',
-                     # The runs of a test share their compiled programs.
-                     JAXFORMER_COMPILATION_CACHE=str(workdir.parent / 'xla'),
-                     JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS='0')
-  return subprocess.Popen(
-      [sys.executable, '-m', 'jaxformer', 'train', '--config',
-       CONFIGS['classification'], '--workdir', str(workdir), *flags],
-      stdout=log, stderr=subprocess.STDOUT, env=environment)
-
-
-def _output(workdir: pathlib.Path) -> str:
-  return '\n'.join(p.read_text() for p in sorted(workdir.glob('log_*.txt')))
-
-
 @pytest.mark.slow
-def test_a_killed_pair_finetune_resumes_bitwise(data, tmp_path):
+def test_a_killed_pair_finetune_resumes_bitwise(data, tmp_path,
+                                               process_environment):
   """SIGKILL after a checkpoint, then the same command: the metrics (the
   dev evaluations too) and the parameters equal an uninterrupted run's."""
   root, paths = data
@@ -388,6 +369,8 @@ def test_a_killed_pair_finetune_resumes_bitwise(data, tmp_path):
       root, paths['classification'], 'classification', steps)] + [
           '--config.checkpoint.every=2', '--config.checkpoint.keep=10',
           '--config.eval.every=4']
-  got = kill_resume_and_compare(lambda workdir: _train(workdir, flags),
-                                _output, tmp_path, steps)
+  got = kill_resume_and_compare(
+      lambda workdir: train_process(workdir, CONFIGS['classification'], flags,
+                                    process_environment),
+      process_output, tmp_path, steps)
   assert any('eval_macro_f1' in record for record in got)

@@ -3,9 +3,6 @@ tokenizer or a Hugging Face one) fine-tuned on plain text (:text) and on
 prompt<TAB>response lines (:tsv) with its own tokenizer, on an FSDP mesh;
 killed with SIGKILL and resumed, it repeats the uninterrupted run bitwise."""
 import pathlib
-import subprocess
-import sys
-import time
 
 import pytest
 
@@ -17,6 +14,7 @@ from jaxformer.storage import paths
 
 from test_fault_tolerance import kill_resume_and_compare
 from test_lm_rows import WORDS, hf_tokenizer
+from trained_runs import NO_PEAK, process_output, train, train_process
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 CONFIG = str(ROOT / 'configs' / 'finetune_lm.py')
@@ -26,11 +24,10 @@ PAIRS = [('what is two plus four ?', 'it is six'),
 
 def _export(root: pathlib.Path, name: str, *overrides) -> str:
   """A tiny language model trained for 2 steps, exported."""
-  config = load_config(str(ROOT / 'configs' / 'lm_quick.py') + ':runlocal', [
-      'train.num_steps=2', 'train.peak_flops=1e9', 'checkpoint.every=0',
-      'eval.num_batches=1', *overrides])
   workdir = str(root / f'{name}_run')
-  Trainer(config, workdir).run()
+  assert train(workdir, *(f'--config.{o}' for o in (
+      'train.num_steps=2', 'checkpoint.every=0', 'eval.num_batches=1',
+      *overrides)), NO_PEAK, config='configs/lm_quick.py:runlocal') == 0
   trained.export(workdir, str(root / name))
   return str(root / name)
 
@@ -87,30 +84,14 @@ def test_a_finetune_lowers_the_loss_with_the_exports_tokenizer(
   assert int(trainer.state.step) == 8
 
 
-def _train(workdir: pathlib.Path, overrides, kind) -> subprocess.Popen:
-  workdir.mkdir(exist_ok=True)
-  log = open(workdir / f'log_{time.time_ns()}.txt', 'w')
-  environment = dict(__import__('os').environ,
-                     XLA_FLAGS='--xla_force_host_platform_device_count=2',
-                     TF_CPP_MIN_LOG_LEVEL='2',
-                     # The runs of a test share their compiled programs.
-                     JAXFORMER_COMPILATION_CACHE=str(workdir.parent / 'xla'),
-                     JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS='0')
-  return subprocess.Popen(
-      [sys.executable, '-m', 'jaxformer', 'train', '--config',
-       f'{CONFIG}:{kind}', '--workdir', str(workdir),
-       *[f'--config.{o}' for o in overrides]],
-      stdout=log, stderr=subprocess.STDOUT, env=environment)
-
-
-def _output(workdir: pathlib.Path) -> str:
-  return '\n'.join(p.read_text() for p in sorted(workdir.glob('log_*.txt')))
-
-
 @pytest.mark.slow
-def test_a_killed_prompt_response_finetune_resumes_bitwise(setup, tmp_path):
+def test_a_killed_prompt_response_finetune_resumes_bitwise(
+    setup, tmp_path, process_environment):
   root, exports = setup
   steps = 12
   overrides = _overrides(root, exports['hf'], 'tsv', steps)
-  kill_resume_and_compare(lambda workdir: _train(workdir, overrides, 'tsv'),
-                          _output, tmp_path, steps)
+  flags = [f'--config.{o}' for o in overrides]
+  kill_resume_and_compare(
+      lambda workdir: train_process(workdir, f'{CONFIG}:tsv', flags,
+                                    process_environment),
+      process_output, tmp_path, steps)

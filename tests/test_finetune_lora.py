@@ -12,8 +12,8 @@ from jaxformer.model import lora
 from jaxformer.run.metrics import read_metrics
 from jaxformer.run.trainer import Trainer
 from test_fault_tolerance import kill_resume_and_compare
-from test_finetune_lm import (CONFIG, _output, _overrides, _train,  # noqa: F401
-                              setup)
+from test_finetune_lm import CONFIG, _overrides, setup  # noqa: F401
+from trained_runs import process_output, train_process
 
 LORA = ['model.lora.targets=q,v,o,ffn_in', 'model.lora.rank=4',
         'model.lora.alpha=8']
@@ -42,9 +42,13 @@ def test_a_lora_finetune_trains_the_adapters_alone(setup, tmp_path):
 
 
 @pytest.mark.slow
-def test_a_killed_lora_finetune_resumes_bitwise(setup, tmp_path):
+def test_a_killed_lora_finetune_resumes_bitwise(setup, tmp_path,
+                                                process_environment):
   root, exports = setup
   steps = 12
   overrides = _overrides(root, exports['hf'], 'tsv', steps) + LORA
-  kill_resume_and_compare(lambda workdir: _train(workdir, overrides, 'tsv'),
-                          _output, tmp_path, steps)
+  flags = [f'--config.{o}' for o in overrides]
+  kill_resume_and_compare(
+      lambda workdir: train_process(workdir, f'{CONFIG}:tsv', flags,
+                                    process_environment),
+      process_output, tmp_path, steps)

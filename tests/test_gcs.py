@@ -103,11 +103,11 @@ def committed_steps(workdir: str) -> list[int]:
 
 
 @pytest.fixture(scope='module')
-def environment(tmp_path_factory, gcs_emulator):
-  cache = tmp_path_factory.mktemp('compilation_cache')
+def environment(process_environment, gcs_emulator):
+  cache = process_environment['JAXFORMER_COMPILATION_CACHE']
   return dict(plain_install.environment(os.environ), **gcs_emulator,
               XLA_FLAGS='--xla_force_host_platform_device_count=2',
-              JAXFORMER_COMPILATION_CACHE=str(cache),
+              JAXFORMER_COMPILATION_CACHE=cache,
               JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS='0',
               TF_CPP_MIN_LOG_LEVEL='2', PYTHONPATH=str(REPO))
 
@@ -257,6 +257,7 @@ def test_remote_metrics_write_bytes_linear_in_the_records(gcs_emulator,
   assert 3.5 < many / few < 5, (few, many)
 
 
+@pytest.mark.slow
 def test_a_missing_bucket_fails_before_training_naming_it(tmp_path,
                                                           gcs_emulator):
   command = [sys.executable, '-m', 'jaxformer', 'train', '--config',
@@ -301,6 +302,7 @@ print('plain install ok')
 """
 
 
+@pytest.mark.slow
 def test_a_plain_install_reads_and_writes_gs_paths(tmp_path, gcs_emulator):
   """gs:// through the path layer (files, appended files, a token cache) in
   a process that sees only what `pip install .` installs, and only the

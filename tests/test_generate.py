@@ -135,6 +135,7 @@ def test_prefill_and_steps_equal_step_by_step_and_full_forward_logits(name):
   np.testing.assert_allclose(ours, old, atol=1e-5, rtol=0)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize('name', sorted(CONFIGS))
 def test_batched_prompts_equal_one_at_a_time_and_uncached_greedy(name):
   config, params = model(name)
@@ -248,11 +249,10 @@ def test_top_one_sampling_is_greedy():
 VOCAB = 100
 
 
-@pytest.fixture(scope='module')
-def lm_export(tmp_path_factory):
+def random_lm_export(root):
   """(export directory, tokenizer, config, params) of a random language
-  model whose vocabulary is a SentencePiece model trained here."""
-  root = tmp_path_factory.mktemp('lm')
+  model whose vocabulary is a SentencePiece model trained here: the
+  conftest's `lm_export`, which the modules that generate share."""
   texts = [text for pair in builtin.generate(300, 0, 'train') for text in pair]
   tok = train_tokenizer(texts, str(root / 'tok'), ml_collections.ConfigDict(
       dict(type='unigram', vocab_size=VOCAB, character_coverage=1.0)))

@@ -7,6 +7,7 @@ import glob
 import io
 import json
 import pathlib
+import re
 import time
 
 import pytest
@@ -17,6 +18,7 @@ from jaxformer.run.metrics import read_metrics
 from jaxformer.run.signals import StopRequested
 from jaxformer.run.trainer import Trainer
 from jaxformer.train import flops
+from user_commands import REPO, jaxformer
 
 CONFIG = str(pathlib.Path(__file__).resolve().parents[1] / 'configs'
              / 'quickstart.py') + ':runlocal'
@@ -126,3 +128,24 @@ def test_peak_flops_of_chips():
   assert flops.device_peak_flops('NVIDIA H100 80GB HBM3') == 989e12
   assert flops.device_peak_flops('NVIDIA H100 PCIe') == 756e12
   assert flops.device_peak_flops('cpu') is None
+
+
+@pytest.mark.slow
+def test_the_quick_starts_cpu_mfu_is_against_a_peak_it_stays_below(tmp_path):
+  """The quick start's model and batches as a user runs them (one CPU
+  device), for fewer steps: the measured peak is printed once, with its
+  value, and the MFU against it is a possible one."""
+  out = jaxformer(
+      tmp_path, 'train', '--config', str(REPO / 'configs/quickstart.py'),
+      '--workdir', 'run', '--config.train.num_steps=60',
+      '--config.train.warmup_steps=20', '--config.train.log_every=20',
+      '--config.eval.every=0', '--config.eval.bleu_examples=0',
+      '--config.eval.final_split=', '--config.checkpoint.every=60',
+      '--config.data.builtin.num_train=5000')
+  peaks = re.findall(r'MFU is against ([\d,.]+) GFLOP/s per device, '
+                     r'measured on this cpu', out, flags=re.IGNORECASE)
+  assert len(peaks) == 1, out
+  assert float(peaks[0].replace(',', '')) > 0
+  mfu = float(re.search(r'MFU ([\d.]+)% in the last log window',
+                        out).group(1))
+  assert 0 < mfu < 100, out

@@ -42,6 +42,7 @@ def faults_per_call(**environ) -> float:
 SKIPPED_HERE = host_memory.why_skipped(environ={})
 
 
+@pytest.mark.slow
 @pytest.mark.skipif(bool(SKIPPED_HERE), reason=SKIPPED_HERE)
 def test_xla_temporaries_are_reused_instead_of_faulted_in_at_every_call():
   kept = faults_per_call()

@@ -74,6 +74,7 @@ def bomb(tmp_path_factory):
   return gzip_of_one_line(tmp_path_factory.mktemp('bomb') / 'one.txt.gz', 384)
 
 
+@pytest.mark.slow
 def test_a_gz_of_one_huge_line_is_refused_naming_the_line(bomb):
   out = run_bounded(f'''
       bounded(BUDGET)
@@ -88,6 +89,7 @@ def test_a_gz_of_one_huge_line_is_refused_naming_the_line(bomb):
   assert sources.LINE_BYTES_ENV in out
 
 
+@pytest.mark.slow
 def test_a_gz_tokenizer_is_read_up_to_the_file_limit(bomb):
   out = run_bounded(f'''
       from jaxformer.data import tokenizer
@@ -101,6 +103,7 @@ def test_a_gz_tokenizer_is_read_up_to_the_file_limit(bomb):
       'decompressed' in out
 
 
+@pytest.mark.slow
 def test_a_vocab_json_of_any_size_is_refused_before_it_is_parsed(
     tmp_path, spm_model):
   for name in ('source.spm', 'target.spm'):
@@ -119,6 +122,7 @@ def test_a_vocab_json_of_any_size_is_refused_before_it_is_parsed(
       'bytes' in out
 
 
+@pytest.mark.slow
 def test_an_endless_input_line_is_refused_naming_it():
   out = run_bounded('''
       import io
@@ -140,6 +144,7 @@ def test_an_endless_input_line_is_refused_naming_it():
   assert f'<stdin>:1: the line is longer than {sources.MAX_LINE_BYTES}' in out
 
 
+@pytest.mark.slow
 def test_a_long_line_to_translate_is_cut_before_it_is_encoded(
     tmp_path, spm_model):
   """The finding: a 20 MB line was encoded whole (+1.2 GB) before

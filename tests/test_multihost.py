@@ -231,6 +231,7 @@ else:
 """
 
 
+@pytest.mark.slow
 def test_the_coordinator_listens_on_loopback_and_bad_store_values_are_refused(
     tmp_path):
   """A launch/local.sh run's coordinator (unauthenticated: whoever reaches

@@ -13,13 +13,12 @@ import pytest
 
 from test_bulk_generate import generate_command, prompts, run
 from test_bulk_translate import REPO
-from test_generate import lm_export
 
 from jaxformer.cli import main as cli
 from jaxformer.parallel import run_lock
 from jaxformer.storage import locks, paths
 
-__all__ = ['lm_export', 'prompts']
+__all__ = ['prompts']
 
 def refusal(what: str, lock: str, pid: int) -> str:
   return (f'{what} is in use by another run (host {socket.gethostname()}, '

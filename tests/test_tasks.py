@@ -121,6 +121,7 @@ def _assert_learns(losses):
   assert np.mean(losses[-4:]) < 0.9 * np.mean(losses[:4]), losses
 
 
+@pytest.mark.slow
 def test_classification_trains_and_predicts(tmp_path, capfd):
   losses, final = _train_losses('configs/classify_quick.py:runlocal', tmp_path)
   _assert_learns(losses)
@@ -137,6 +138,7 @@ def test_classification_trains_and_predicts(tmp_path, capfd):
   assert len(labels) == 2 and set(labels) <= {'even', 'odd'}
 
 
+@pytest.mark.slow
 def test_regression_trains_and_predicts(tmp_path, capfd):
   losses, final = _train_losses('configs/regress_quick.py:runlocal', tmp_path)
   _assert_learns(losses)
@@ -150,6 +152,7 @@ def test_regression_trains_and_predicts(tmp_path, capfd):
   assert len(values) == 1 and np.isfinite(values[0])
 
 
+@pytest.mark.slow
 def test_language_model_trains_and_generates(tmp_path, capfd):
   losses, final = _train_losses('configs/lm_quick.py:runlocal', tmp_path)
   _assert_learns(losses)

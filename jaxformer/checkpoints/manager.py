@@ -29,8 +29,9 @@ from orbax.checkpoint.checkpoint_managers import preservation_policy
 from jaxformer.storage import paths
 
 
-class CheckpointError(RuntimeError):
-  """A checkpoint that cannot be written or used as asked."""
+# A checkpoint that cannot be written or used as asked (the package's
+# checkpoint kind of error, `storage/errors.py`).
+CheckpointError = paths.CheckpointError
 
 
 def _blocking_file(path: str) -> str | None:

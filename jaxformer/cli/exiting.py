@@ -5,13 +5,13 @@ import os
 import sys
 
 from jaxformer.runtime import stop_clock
-from jaxformer.storage import paths
+from jaxformer.storage import errors
 
 
 def error_line(error: BaseException) -> str:
   """One line saying what failed: jaxformer's own messages whole, another
   library's storage error by its type and first line."""
-  if isinstance(error, (ValueError, RuntimeError, paths.StorageError,
+  if isinstance(error, (errors.JaxformerError, ValueError, RuntimeError,
                         FileNotFoundError)):
     return str(error)
   lines = str(error).strip().splitlines() or ['']

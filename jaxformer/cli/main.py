@@ -10,7 +10,7 @@ from jaxformer.cli import (exiting, export_commands, model_commands,
                            plot_commands, train_commands)
 from jaxformer.cli.arguments import USAGE_OVERRIDES
 from jaxformer.runtime import library_logs
-from jaxformer.storage import paths
+from jaxformer.storage import errors, paths
 
 
 def _split_overrides(argv):
@@ -55,8 +55,11 @@ def main(argv=None) -> int:
       print(f'jaxformer: {compilation_cache.summary()}', flush=True)
     return status
   except Exception as e:
+    # jaxformer's own kinds of error (storage/errors.py), and what the
+    # libraries below raise for bad input or storage.
     if os.environ.get('JAXFORMER_DEBUG') or not (
-        isinstance(e, (ValueError, RuntimeError)) or paths.is_storage_error(e)):
+        isinstance(e, (errors.JaxformerError, ValueError, RuntimeError))
+        or paths.is_storage_error(e)):
       raise
     print(f'jaxformer {args.command}: error: {exiting.error_line(e)}',
           file=sys.stderr)

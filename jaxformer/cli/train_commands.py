@@ -22,27 +22,30 @@ def cmd_train(args, overrides) -> int:
     with run_lock.one_writer(paths.join(args.workdir, 'train.lock'),
                              f'--workdir {args.workdir}'):
       trainer = Trainer(config, args.workdir)
-      trainer.run(stop)
+      result = trainer.train(stop)
       if stop.signal_name:  # Its checkpoint is committed: exit promptly.
         stop_clock.phase('run ended (checkpoint committed, goodput '
                          'reported)')
         stop_clock.bound_exit()
-      if (not stop.signal_name and trainer.finished
+      if (not stop.signal_name and result.finished
           and trainer.task.translates):
-        report_translation(trainer)
+        report_translation(trainer, result.state.params)
   return 0
 
 
-def report_translation(trainer) -> None:
-  """After training: test-split scores, a few examples, and what next.
-  Every process decodes its share; process 0 prints and writes."""
+def report_translation(trainer, params=None) -> None:
+  """After training: test-split scores, a few examples, and what next, for
+  `params` (default: the trainer's last result's). Every process decodes
+  its share; process 0 prints and writes."""
   from jaxformer.inference import evaluate
   config = trainer.config
   split = config.eval.final_split
   if not split:
     return
+  if params is None:
+    params = trainer.result.state.params
   scores, hypotheses = evaluate.decode_split(
-      trainer.state.params, trainer.model_config, config, trainer.source_tok,
+      params, trainer.model_config, config, trainer.source_tok,
       trainer.target_tok, split, trainer.mesh)
   if not trainer.is_main:
     return

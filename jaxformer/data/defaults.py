@@ -12,6 +12,16 @@ _FIELDS = dict(text='text', label='label', text_a='text_a', text_b='text_b',
                target='target', source_language='en', target_language='de')
 
 
+# The keys of `data` with a fixed set of values (config validation).
+DATA_CHOICES = {
+    'source': ('builtin', 'tsv', 'files', 'tfds', 'text', 'jsonl', 'parquet'),
+    'batching': ('pack', 'bucket'),
+    'tokenizer.type': ('bpe', 'unigram', 'char', 'word'),
+    'builtin.dataset': ('translation', 'number_parity', 'number_value',
+                        'sentences'),
+}
+
+
 def default_data_config() -> ml_collections.ConfigDict:
   """The `data` part of the training config, set up for the built-in dataset."""
   return ml_collections.ConfigDict(dict(

@@ -41,8 +41,8 @@ SPLITS = ('train', 'dev', 'test')
 Pair = tuple[str, str]
 
 
-class DataError(ValueError):
-  """The configured data cannot be read; the message says how to fix it."""
+# The configured data cannot be read; the message says how to fix it.
+DataError = paths.DataError
 
 
 class MissingFileError(DataError, FileNotFoundError):

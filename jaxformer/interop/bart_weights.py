@@ -1,21 +1,18 @@
 """The tensors of Hugging Face's BART-family translators (Marian, M2M100 and
-NLLB): the rows of their layers in one table, read into `EncoderDecoder`
-parameters (and written back), and a folder's weights read as numpy.
+NLLB): the rows of their layers (`weight_table.Tensor`), which
+`weight_table` reads into `EncoderDecoder` parameters and writes back, and
+a folder's weights read as numpy. Shapes: width d, heads n of width h.
 
-A row is (their names, of which the first present is read and the others
-must hold equal values; our parameter path, or None for a tensor that is
-read, shape-checked and dropped; the transform theirs -> ours, a reshape;
-their shape). The families differ only in the rows around the layers
-(embeddings, output bias, final norms), which marian.py and m2m100.py add.
-Errors are raised as the caller's error class, naming the tensor.
+The families differ only in the rows around the layers (embeddings, output
+bias, final norms), which marian.py and m2m100.py add.
 """
 import os
 import re
-from typing import Callable, NamedTuple
 
 import numpy as np
 
 from jaxformer.interop import safetensor_files
+from jaxformer.interop.weight_table import Tensor, tensor
 from jaxformer.model.config import ModelConfig
 
 # The first torch whose torch.load(weights_only=True) has no known way to
@@ -24,60 +21,36 @@ from jaxformer.model.config import ModelConfig
 TORCH_FLOOR = (2, 10)
 
 
-class Row(NamedTuple):
-  names: tuple[str, ...]
-  path: tuple[str, ...] | None
-  transform: Callable[[np.ndarray], np.ndarray]
-  shape: tuple[int, ...]
-
-
-def same(x):
-  return x
-
-
-def _heads(config):  # [n * h, d] -> [n, h, d]
-  return lambda w: w.reshape(config.num_heads, config.head_features, -1)
-
-
-def _head_bias(config):  # [n * h] -> [n, h]
-  return lambda b: b.reshape(config.num_heads, config.head_features)
-
-
-def _out(config):  # [d, n * h] -> [d, n, h]
-  return lambda w: w.reshape(-1, config.num_heads, config.head_features)
-
-
-def attention_rows(config: ModelConfig, theirs: str, ours: tuple) -> list:
-  d = config.d_model
+def attention_rows(config: ModelConfig, theirs: str, ours: tuple
+                   ) -> list[Tensor]:
+  d, n, h = config.d_model, config.num_heads, config.head_features
   rows = []
   for name, our_name in (('q_proj', 'query'), ('k_proj', 'key'),
                          ('v_proj', 'value')):
-    rows.append(Row((f'{theirs}.{name}.weight',), (*ours, our_name, 'kernel'),
-                    _heads(config), (d, d)))
+    rows.append(tensor(f'{theirs}.{name}.weight',
+                       (*ours, our_name, 'kernel'), (d, d), (n, h, d)))
     # jaxformer has no key bias: q.b_k is the same for every key of a query,
     # which the softmax cancels; it is read (shape-checked) and dropped.
-    rows.append(Row((f'{theirs}.{name}.bias',),
-                    None if name == 'k_proj' else (*ours, our_name, 'bias'),
-                    _head_bias(config), (d,)))
-  rows.append(Row((f'{theirs}.out_proj.weight',), (*ours, 'out', 'kernel'),
-                  _out(config), (d, d)))
-  rows.append(Row((f'{theirs}.out_proj.bias',), (*ours, 'out', 'bias'), same,
-                  (d,)))
+    rows.append(tensor(f'{theirs}.{name}.bias',
+                       None if name == 'k_proj' else (*ours, our_name, 'bias'),
+                       (d,), (n, h)))
+  rows.append(tensor(f'{theirs}.out_proj.weight', (*ours, 'out', 'kernel'),
+                     (d, d), (d, n, h)))
+  rows.append(tensor(f'{theirs}.out_proj.bias', (*ours, 'out', 'bias'), (d,)))
   return rows
 
 
 def linear_rows(theirs: str, ours: tuple, shape_out: int,
-                shape_in: int | None) -> list:
+                shape_in: int | None) -> list[Tensor]:
   """A Linear [out, in] with its bias, or a LayerNorm (shape_in None)."""
   if shape_in is None:
-    return [Row((f'{theirs}.weight',), (*ours, 'scale'), same, (shape_out,)),
-            Row((f'{theirs}.bias',), (*ours, 'bias'), same, (shape_out,))]
-  return [Row((f'{theirs}.weight',), (*ours, 'kernel'), same,
-              (shape_out, shape_in)),
-          Row((f'{theirs}.bias',), (*ours, 'bias'), same, (shape_out,))]
+    return [tensor(f'{theirs}.weight', (*ours, 'scale'), (shape_out,)),
+            tensor(f'{theirs}.bias', (*ours, 'bias'), (shape_out,))]
+  return [tensor(f'{theirs}.weight', (*ours, 'kernel'), (shape_out, shape_in)),
+          tensor(f'{theirs}.bias', (*ours, 'bias'), (shape_out,))]
 
 
-def layer_rows(config: ModelConfig) -> list:
+def layer_rows(config: ModelConfig) -> list[Tensor]:
   """The rows of every encoder and decoder layer."""
   d, f = config.d_model, config.d_ff
   rows = []
@@ -97,57 +70,6 @@ def layer_rows(config: ModelConfig) -> list:
       rows += linear_rows(f'{theirs}.final_layer_norm', (*ours, 'ffn_norm'),
                           d, None)
   return rows
-
-
-def read_table(weights, rows: list, error: type, family: str,
-               computed: tuple = ()) -> dict:
-  """Our parameters (float32 numpy) from `weights` by the `rows`: every
-  row present with its shape, tied names equal, and no tensor left over but
-  the `computed` ones (which the caller checks). Raises `error` naming the
-  tensor; `family` ('Marian') is named in the message."""
-  params, used = {}, set(computed)
-  for names, path, transform, shape in rows:
-    present = [n for n in names if n in weights]
-    if not present:
-      raise error(f'the weights have no {names[0]!r}; is this a {family} '
-                  'checkpoint of config.json?')
-    value = weights[present[0]]
-    for name in present:
-      if tuple(weights[name].shape) != shape:
-        raise error(f'{name} has shape {tuple(weights[name].shape)}, '
-                    f'config.json says {shape}')
-      if not np.array_equal(weights[name], value):
-        raise error(f'{name} differs from {present[0]}, which config.json '
-                    'ties it to')
-    used.update(present)
-    if path is not None:
-      node = params
-      for key in path[:-1]:
-        node = node.setdefault(key, {})
-      node[path[-1]] = np.asarray(transform(value), np.float32)
-  left = sorted(set(weights) - used)
-  if left:
-    raise error(f'unexpected tensors {left[:3]}'
-                f'{"..." if len(left) > 3 else ""}: not a {family} model '
-                'jaxformer can express')
-  return params
-
-
-def write_table(params: dict, rows: list) -> dict[str, np.ndarray]:
-  """The inverse of `read_table`: {their name: float32 array of their
-  shape} for every name of every row, zeros where a row is dropped."""
-  state = {}
-  for names, path, _, shape in rows:
-    if path is None:
-      value = np.zeros(shape, np.float32)
-    else:
-      value = params
-      for key in path:
-        value = value[key]
-      value = np.asarray(value, np.float32).reshape(shape)
-    for name in names:
-      state[name] = value
-  return state
 
 
 def check_torch_version(version: str, path: str, error: type) -> None:

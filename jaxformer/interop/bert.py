@@ -29,7 +29,10 @@ from typing import NamedTuple
 import numpy as np
 
 from jaxformer.interop import bart_weights, folders, hf_folders
+from jaxformer.interop import weight_table as weight_table_lib
+from jaxformer.interop.weight_table import Tensor, tensor
 from jaxformer.model.config import ModelConfig
+from jaxformer.storage.errors import InteropError
 
 MODEL_TYPES = ('bert', 'roberta', 'xlm-roberta')
 # model_type -> the prefix of the body's tensors in a model with a head.
@@ -49,7 +52,7 @@ BUFFERS = ('embeddings.position_ids', 'embeddings.token_type_ids')
 INIT_STDDEV = 0.02  # A fresh head's weights, as initializer_range.
 
 
-class BertImportError(ValueError):
+class BertImportError(InteropError):
   """The folder cannot be imported; the message names the file or key."""
 
 
@@ -154,27 +157,14 @@ def model_config(hf: dict, model_type: str, tokenizer, head_: Head
 
 # ------------------------------------------------------------ the table ---
 
-class Tensor(NamedTuple):
-  """One tensor: their name and shape, our parameter's path (None: read,
-  checked and dropped) and its shape (the same values, reshaped)."""
-  name: str
-  path: tuple[str, ...] | None
-  shape: tuple[int, ...]
-  our_shape: tuple[int, ...]
-
-
-def _same(name: str, path, *shape: int) -> Tensor:
-  return Tensor(name, path, shape, shape)
-
-
 def _dense(name: str, path: tuple, out: int, inputs: int) -> list[Tensor]:
-  return [_same(f'{name}.weight', (*path, 'kernel'), out, inputs),
-          _same(f'{name}.bias', (*path, 'bias'), out)]
+  return [tensor(f'{name}.weight', (*path, 'kernel'), (out, inputs)),
+          tensor(f'{name}.bias', (*path, 'bias'), (out,))]
 
 
 def _norm(name: str, path: tuple, d: int) -> list[Tensor]:
-  return [_same(f'{name}.weight', (*path, 'scale'), d),
-          _same(f'{name}.bias', (*path, 'bias'), d)]
+  return [tensor(f'{name}.weight', (*path, 'scale'), (d,)),
+          tensor(f'{name}.bias', (*path, 'bias'), (d,))]
 
 
 def _layer(config: ModelConfig, theirs: str, ours: tuple) -> list[Tensor]:
@@ -185,16 +175,16 @@ def _layer(config: ModelConfig, theirs: str, ours: tuple) -> list[Tensor]:
   for name, our_name in (('query', 'query'), ('key', 'key'),
                          ('value', 'value')):
     prefix, path = f'{theirs}.attention.self.{name}', (*attention, our_name)
-    rows.append(Tensor(f'{prefix}.weight', (*path, 'kernel'), (d, d),
+    rows.append(tensor(f'{prefix}.weight', (*path, 'kernel'), (d, d),
                        (n, h, d)))
     # jaxformer has no key bias: q.b_k is the same for every key of a
     # query, which the softmax cancels; it is read, checked and dropped.
-    rows.append(Tensor(f'{prefix}.bias', None if name == 'key' else (
+    rows.append(tensor(f'{prefix}.bias', None if name == 'key' else (
         *path, 'bias'), (d,), (n, h)))
-  rows.append(Tensor(f'{theirs}.attention.output.dense.weight',
+  rows.append(tensor(f'{theirs}.attention.output.dense.weight',
                      (*attention, 'out', 'kernel'), (d, d), (d, n, h)))
-  rows.append(_same(f'{theirs}.attention.output.dense.bias',
-                    (*attention, 'out', 'bias'), d))
+  rows.append(tensor(f'{theirs}.attention.output.dense.bias',
+                     (*attention, 'out', 'bias'), (d,)))
   return (rows + _norm(f'{theirs}.attention.output.LayerNorm',
                        (*ours, 'self_attention_norm'), d)
           + _dense(f'{theirs}.intermediate.dense', (*ours, 'ffn', 'wi'), f, d)
@@ -207,15 +197,15 @@ def body_table(config: ModelConfig, prefix: str) -> list[Tensor]:
   d, body = config.d_model, ('body',)
   encoder = (*body, 'encoder')
   embeddings = f'{prefix}embeddings'
-  rows = [_same(f'{embeddings}.word_embeddings.weight',
-                (*body, 'embed', 'embedding'), config.vocab_size, d),
-          _same(f'{embeddings}.position_embeddings.weight',
-                (*encoder, 'positions', 'position_embedding'),
-                config.max_len + config.position_offset, d)]
+  rows = [tensor(f'{embeddings}.word_embeddings.weight',
+                 (*body, 'embed', 'embedding'), (config.vocab_size, d)),
+          tensor(f'{embeddings}.position_embeddings.weight',
+                 (*encoder, 'positions', 'position_embedding'),
+                 (config.max_len + config.position_offset, d))]
   if config.type_vocab_size:
-    rows.append(_same(f'{embeddings}.token_type_embeddings.weight',
-                      (*encoder, 'token_types', 'embedding'),
-                      config.type_vocab_size, d))
+    rows.append(tensor(f'{embeddings}.token_type_embeddings.weight',
+                       (*encoder, 'token_types', 'embedding'),
+                       (config.type_vocab_size, d)))
   rows += _norm(f'{embeddings}.LayerNorm', (*encoder, 'embedding_norm'), d)
   for i in range(config.num_encoder_layers):
     rows += _layer(config, f'{prefix}encoder.layer.{i}',
@@ -279,31 +269,15 @@ def params_from_weights(weights: dict, config: ModelConfig, model_type: str,
     table += _dense(f'{prefix}pooler.dense', ('body', 'pooler'),
                     config.d_model, config.d_model)
     fresh = fresh[2:]
-  for row in table:
-    if row.name not in weights:
-      raise BertImportError(f'the weights have no {row.name}; do they '
-                            'belong to this config.json?')
-    if tuple(weights[row.name].shape) != row.shape:
-      raise BertImportError(f'{row.name} has shape '
-                            f'{tuple(weights[row.name].shape)}, config.json '
-                            f'says {row.shape}')
-  used = {row.name for row in table}
-  left = sorted(n for n in weights if n not in used and not (
-      n.endswith(BUFFERS) or (not head_.present and n.startswith(LEFT_BEHIND))))
-  if left:
-    raise BertImportError(
-        f'unexpected tensors {left[:3]}{"..." if len(left) > 3 else ""}: not '
-        f'a {model_type} model of this config.json that jaxformer can express')
-  params, rng = {}, np.random.RandomState(seed)
-  for row, read in [(row, True) for row in table] + [(r, False) for r in fresh]:
-    if row.path is None:
-      continue
-    node = params
-    for key in row.path[:-1]:
-      node = node.setdefault(key, {})
-    node[row.path[-1]] = (
-        np.asarray(weights[row.name], np.float32).reshape(row.our_shape)
-        if read else _fresh(row.our_shape, rng))
+  read_from = weight_table_lib.check(
+      weights, table, BertImportError,
+      f'a {model_type} model of this config.json',
+      lambda n: n.endswith(BUFFERS) or (
+          not head_.present and n.startswith(LEFT_BEHIND)))
+  params = weight_table_lib.read(weights, table, read_from)
+  rng = np.random.RandomState(seed)
+  for row in fresh:
+    weight_table_lib.place(params, row.path, _fresh(row.our_shape, rng))
   return params
 
 

@@ -17,7 +17,7 @@ import os
 
 import numpy as np
 
-from jaxformer.interop import bert, folders, hf_llama, layout
+from jaxformer.interop import bert, folders, hf_llama, layout, weight_table
 from jaxformer.model.config import ModelConfig
 
 # model.activation -> hidden_act.
@@ -91,16 +91,8 @@ def state_dict(params, config: ModelConfig, kind: str, task: str
   params = layout.numpy_tree(params)
   body = params['body']
   body['encoder'] = layout.looped(body['encoder'], config.num_encoder_layers)
-  state = {}
-  for row in bert.weight_table(config, kind, task, with_head=True):
-    if row.path is None:
-      state[row.name] = np.zeros(row.shape, np.float32)
-      continue
-    value = params
-    for key in row.path:
-      value = value[key]
-    state[row.name] = np.ascontiguousarray(value.reshape(row.shape))
-  return state
+  return weight_table.write(
+      params, bert.weight_table(config, kind, task, with_head=True))
 
 
 def tokenizer_files(tokenizer) -> dict[str, bytes]:

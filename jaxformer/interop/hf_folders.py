@@ -20,6 +20,7 @@ from jaxformer.data import hf_tokenizer
 from jaxformer.data import sources
 from jaxformer.data import vocab_tokenizer
 from jaxformer.interop import config_bounds
+from jaxformer.storage.errors import DataError, InteropError
 
 # The files AutoTokenizer builds a tokenizer from: tokenizers' JSON, and
 # the slow forms (SentencePiece: Llama, XLM-R; WordPiece: BERT;
@@ -31,7 +32,7 @@ KEPT_FILES = ('tokenizer_config.json', 'special_tokens_map.json',
               'chat_template.jinja', 'chat_template.json')
 
 
-class FolderError(ValueError):
+class FolderError(InteropError):
   """The folder cannot be imported; the message names the file or key."""
 
 
@@ -45,7 +46,7 @@ def read_json(folder: str, name: str, required: bool = True) -> dict:
     return {}
   try:
     data = vocab_tokenizer.read_json(path)
-  except sources.DataError as e:
+  except DataError as e:
     raise FolderError(str(e)) from None
   if not isinstance(data, dict):
     raise FolderError(f'{path}: not a JSON object')
@@ -172,7 +173,7 @@ def load_tokenizer(folder: str, vocab_size: int | None = None, hf=None
         clean_up=_clean_up(hf),
         split_special_tokens=bool(getattr(hf, 'split_special_tokens', False)),
         files=_kept_files(folder), name=path)
-  except sources.DataError as e:
+  except DataError as e:
     raise FolderError(str(e)) from None
   if vocab_size is None:
     vocab_size = read_json(folder, 'config.json', required=False).get(

@@ -17,7 +17,7 @@ import os
 
 import numpy as np
 
-from jaxformer.interop import folders, layout, llama
+from jaxformer.interop import folders, layout, llama, weight_table
 from jaxformer.model.config import ModelConfig
 
 # model.activation -> hidden_act.
@@ -100,13 +100,7 @@ def state_dict(params, config: ModelConfig) -> dict[str, np.ndarray]:
   params = layout.numpy_tree(params)
   params['decoder'] = layout.looped(params['decoder'],
                                     config.num_decoder_layers)
-  state = {}
-  for row in llama.weight_table(config):
-    value = params
-    for key in row.path:
-      value = value[key]
-    state[row.name] = np.ascontiguousarray(value.reshape(row.shape))
-  return state
+  return weight_table.write(params, llama.weight_table(config))
 
 
 def write_weights(directory: str, state: dict[str, np.ndarray],

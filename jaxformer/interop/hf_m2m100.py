@@ -6,7 +6,7 @@ generation_config.json, model.safetensors and the tokenizer's files
 (M2M100: vocab.json, sentencepiece.bpe.model; NLLB: tokenizer.json; both
 with tokenizer_config.json).
 
-The weights are written by m2m100.py's table (`bart_weights.write_table`).
+The weights are written by m2m100.py's table (`weight_table.write`).
 A model M2M100 cannot express (another position scheme, post-LN, no
 biases, ...) is refused naming the option; a model without language tokens
 (not imported from M2M100/NLLB) has no tokenizer to write and is refused.
@@ -18,6 +18,7 @@ import numpy as np
 
 from jaxformer.data import language_tokenizer, vocab_tokenizer
 from jaxformer.interop import bart_weights, folders, layout, m2m100
+from jaxformer.interop import weight_table
 from jaxformer.model.config import ModelConfig
 
 ACTIVATIONS = {'relu': 'relu', 'gelu_exact': 'gelu', 'gelu': 'gelu_new',
@@ -67,7 +68,7 @@ def state_dict(params, config: ModelConfig) -> dict[str, np.ndarray]:
   for side, count in (('encoder', config.num_encoder_layers),
                       ('decoder', config.num_decoder_layers)):
     params[side] = layout.looped(params[side], count)
-  return bart_weights.write_table(params, m2m100.weight_table(config))
+  return weight_table.write(params, m2m100.weight_table(config))
 
 
 def m2m100_model(params, config: ModelConfig, bos_id: int | None = None):

@@ -18,7 +18,8 @@ import os
 
 import numpy as np
 
-from jaxformer.interop import bart_weights, folders, layout
+from jaxformer.interop import bart_weights, folders, layout, marian
+from jaxformer.interop import weight_table
 from jaxformer.model.config import ModelConfig
 
 # jaxformer activation -> transformers' ACT2FN name.
@@ -77,62 +78,24 @@ def marian_config(config: ModelConfig) -> dict:
       forced_eos_token_id=None, bos_token_id=None)
 
 
-def _linear(state: dict, prefix: str, kernel: np.ndarray,
-            bias: np.ndarray | None) -> None:
-  state[f'{prefix}.weight'] = kernel
-  state[f'{prefix}.bias'] = (np.zeros(kernel.shape[0], np.float32)
-                             if bias is None else bias)
-
-
-def _norm(state: dict, prefix: str, tree: dict) -> None:
-  state[f'{prefix}.weight'] = tree['scale']
-  state[f'{prefix}.bias'] = layout.norm_bias(tree)
-
-
-def _attention(state: dict, prefix: str, tree: dict, d: int) -> None:
-  for ours, theirs in (('query', 'q_proj'), ('key', 'k_proj'),
-                       ('value', 'v_proj')):
-    kernel, bias = layout.projection(tree[ours], d)
-    _linear(state, f'{prefix}.{theirs}', kernel, bias)
-  _linear(state, f'{prefix}.out_proj', *layout.output(tree['out'], d))
-
-
-def _ffn(state: dict, prefix: str, tree: dict) -> None:
-  _linear(state, f'{prefix}.fc1', *layout.linear(tree['wi']))
-  _linear(state, f'{prefix}.fc2', *layout.linear(tree['wo']))
-
-
 def state_dict(params, config: ModelConfig) -> dict[str, np.ndarray]:
   """`MarianMTModel(MarianConfig(**marian_config(config)))`'s weights
-  (without the computed position tables) as float32 arrays."""
+  (without the computed position tables) as float32 arrays, written by
+  marian.py's table: the embeddings as the model reads them (a zero pad
+  row), zeros for the biases it has none of."""
   params = layout.numpy_tree(params)
-  d = config.d_model
+  for side, count in (('encoder', config.num_encoder_layers),
+                      ('decoder', config.num_decoder_layers)):
+    params[side] = layout.looped(params[side], count)
   source, target = layout.embeddings(params, config)
-  kernel, bias = layout.output_layer(params, config)
-  state = {'lm_head.weight': kernel,
-           'final_logits_bias': (np.zeros((1, kernel.shape[0]), np.float32)
-                                 if bias is None else bias[None])}
-  if config.share_embeddings == 'all':
-    state['model.shared.weight'] = source
-  state['model.encoder.embed_tokens.weight'] = source
-  state['model.decoder.embed_tokens.weight'] = target
-  for i, tree in enumerate(layout.stack_layers(params['encoder'],
-                                               config.num_encoder_layers)):
-    prefix = f'model.encoder.layers.{i}'
-    _attention(state, f'{prefix}.self_attn', tree['self_attention'], d)
-    _norm(state, f'{prefix}.self_attn_layer_norm', tree['self_attention_norm'])
-    _ffn(state, prefix, tree['ffn'])
-    _norm(state, f'{prefix}.final_layer_norm', tree['ffn_norm'])
-  for i, tree in enumerate(layout.stack_layers(params['decoder'],
-                                               config.num_decoder_layers)):
-    prefix = f'model.decoder.layers.{i}'
-    _attention(state, f'{prefix}.self_attn', tree['self_attention'], d)
-    _norm(state, f'{prefix}.self_attn_layer_norm', tree['self_attention_norm'])
-    _attention(state, f'{prefix}.encoder_attn', tree['cross_attention'], d)
-    _norm(state, f'{prefix}.encoder_attn_layer_norm',
-          tree['cross_attention_norm'])
-    _ffn(state, prefix, tree['ffn'])
-    _norm(state, f'{prefix}.final_layer_norm', tree['ffn_norm'])
+  params['source_embed']['embedding'] = source
+  if 'target_embed' in params:
+    params['target_embed']['embedding'] = target
+  state = weight_table.write(params, marian.weight_table(config))
+  if config.share_embeddings != 'all':
+    # The table reads a separate source table under either name; a model
+    # that shares none has no model.shared.
+    del state['model.shared.weight']
   return state
 
 

@@ -22,12 +22,14 @@ a time; bfloat16 and float16 ones become float32 (exactly) unless
 import dataclasses
 import os
 import re
-from typing import NamedTuple
 
 import numpy as np
 
 from jaxformer.interop import folders, hf_folders, safetensor_files
+from jaxformer.interop import weight_table as weight_table_lib
+from jaxformer.interop.weight_table import Tensor, tensor
 from jaxformer.model.config import ModelConfig
+from jaxformer.storage.errors import InteropError
 
 MODEL_TYPES = ('llama', 'qwen2', 'mistral')
 # hidden_act -> the gated FFN computing down(act(gate(x)) * up(x)).
@@ -44,7 +46,7 @@ SOURCE_DTYPES = ('float32', 'bfloat16', 'float16')
 COMPUTED = re.compile(r'model\.layers\.\d+\.self_attn\.rotary_emb\.inv_freq')
 
 
-class LlamaImportError(ValueError):
+class LlamaImportError(InteropError):
   """The folder cannot be imported; the message names the file or key."""
 
 
@@ -181,56 +183,46 @@ def model_config(hf: dict, model_type: str, ids: dict,
 
 # ------------------------------------------------------------ the table ---
 
-class Tensor(NamedTuple):
-  """One tensor: their name and shape, our parameter's path in
-  `DecoderLM`'s parameters and its shape (the same values, reshaped)."""
-  name: str
-  path: tuple[str, ...]
-  shape: tuple[int, ...]
-  our_shape: tuple[int, ...]
-
-
-def _same(name: str, path: tuple, *shape: int) -> Tensor:
-  return Tensor(name, path, shape, shape)
-
-
 def weight_table(config: ModelConfig) -> list[Tensor]:
   """Every tensor of the Hugging Face model of `config` (its lm_head
   only when untied)."""
   d, f, vocab = config.d_model, config.d_ff, config.vocab_size
   n, k, h = config.num_heads, config.kv_heads, config.head_features
-  rows = [_same('model.embed_tokens.weight', ('embed', 'embedding'), vocab, d),
-          _same('model.norm.weight', ('decoder', 'final_norm', 'scale'), d)]
+  rows = [tensor('model.embed_tokens.weight', ('embed', 'embedding'),
+                 (vocab, d)),
+          tensor('model.norm.weight', ('decoder', 'final_norm', 'scale'),
+                 (d,))]
   if config.share_embeddings == 'none':
-    rows.append(_same('lm_head.weight', ('decoder', 'logits', 'kernel'),
-                      vocab, d))
+    rows.append(tensor('lm_head.weight', ('decoder', 'logits', 'kernel'),
+                        (vocab, d)))
   for i in range(config.num_decoder_layers):
     theirs, ours = f'model.layers.{i}', ('decoder', f'layer_{i}')
     attention = (*ours, 'self_attention')
-    rows += [_same(f'{theirs}.input_layernorm.weight',
-                   (*ours, 'self_attention_norm', 'scale'), d),
-             _same(f'{theirs}.post_attention_layernorm.weight',
-                   (*ours, 'ffn_norm', 'scale'), d)]
+    rows += [tensor(f'{theirs}.input_layernorm.weight',
+                    (*ours, 'self_attention_norm', 'scale'), (d,)),
+             tensor(f'{theirs}.post_attention_layernorm.weight',
+                    (*ours, 'ffn_norm', 'scale'), (d,))]
     for name, our_name, heads in (('q_proj', 'query', n), ('k_proj', 'key', k),
                                   ('v_proj', 'value', k)):
       prefix, path = f'{theirs}.self_attn.{name}', (*attention, our_name)
-      rows.append(Tensor(f'{prefix}.weight', (*path, 'kernel'),
+      rows.append(tensor(f'{prefix}.weight', (*path, 'kernel'),
                          (heads * h, d), (heads, h, d)))
       if config.use_bias or config.qkv_bias:
-        rows.append(Tensor(f'{prefix}.bias', (*path, 'bias'), (heads * h,),
+        rows.append(tensor(f'{prefix}.bias', (*path, 'bias'), (heads * h,),
                            (heads, h)))
-    rows.append(Tensor(f'{theirs}.self_attn.o_proj.weight',
+    rows.append(tensor(f'{theirs}.self_attn.o_proj.weight',
                        (*attention, 'out', 'kernel'), (d, n * h), (d, n, h)))
     if config.use_bias:
-      rows.append(_same(f'{theirs}.self_attn.o_proj.bias',
-                        (*attention, 'out', 'bias'), d))
+      rows.append(tensor(f'{theirs}.self_attn.o_proj.bias',
+                         (*attention, 'out', 'bias'), (d,)))
     for name, our_name, width, inputs in (('gate_proj', 'wi_0', f, d),
                                           ('up_proj', 'wi_1', f, d),
                                           ('down_proj', 'wo', d, f)):
       prefix, path = f'{theirs}.mlp.{name}', (*ours, 'ffn', our_name)
-      rows.append(_same(f'{prefix}.weight', (*path, 'kernel'), width, inputs))
+      rows.append(tensor(f'{prefix}.weight', (*path, 'kernel'),
+                         (width, inputs)))
       if config.use_bias:
-        rows.append(_same(f'{prefix}.bias', (*path, 'bias'), width))
+        rows.append(tensor(f'{prefix}.bias', (*path, 'bias'), (width,)))
   return rows
 
 
@@ -253,25 +245,21 @@ def check_weights(weights, config: ModelConfig) -> list[Tensor]:
   and a float dtype, and no tensor left over (nothing is read but a tied
   lm_head)."""
   table = weight_table(config)
-  for row in table:
-    if row.name not in weights:
-      hint = (' (config.json says tie_word_embeddings=false)'
-              if row.name == 'lm_head.weight' else '')
-      raise LlamaImportError(f'the weights have no {row.name}{hint}; do they '
-                             'belong to this config.json?')
-    shape = weights.shape(row.name)
-    if shape != row.shape:
-      raise LlamaImportError(f'{row.name} has shape {shape}, config.json says '
-                             f'{row.shape}')
-  used = {row.name for row in table} | {'lm_head.weight'}
-  left = sorted(n for n in weights
-                if n not in used and not COMPUTED.fullmatch(n))
-  if left:
-    raise LlamaImportError(
-        f'unexpected tensors {left[:3]}{"..." if len(left) > 3 else ""}: not '
-        'a model of this config.json that jaxformer can express')
+  if config.share_embeddings == 'none' and 'lm_head.weight' not in weights:
+    raise LlamaImportError('the weights have no lm_head.weight (config.json '
+                           'says tie_word_embeddings=false); do they belong '
+                           'to this config.json?')
+  weight_table_lib.check(
+      weights, table, LlamaImportError, 'a model of this config.json',
+      lambda name: name == 'lm_head.weight' or COMPUTED.fullmatch(name))
   _check_tie(weights, config)
   return table
+
+
+def _check_dtype(name: str, value: np.ndarray) -> None:
+  if value.dtype.name not in SOURCE_DTYPES:
+    raise LlamaImportError(f'{name} is {value.dtype.name}; jaxformer imports '
+                           f'{", ".join(SOURCE_DTYPES)} weights')
 
 
 def params_from_weights(weights, config: ModelConfig,
@@ -280,17 +268,10 @@ def params_from_weights(weights, config: ModelConfig,
   checked `weights`, read one tensor at a time."""
   import jax.numpy as jnp
   target = np.dtype(jnp.bfloat16) if dtype == 'bfloat16' else np.float32
-  params = {}
-  for row in check_weights(weights, config):
-    value = weights[row.name]
-    if value.dtype.name not in SOURCE_DTYPES:
-      raise LlamaImportError(f'{row.name} is {value.dtype.name}; jaxformer '
-                             f'imports {", ".join(SOURCE_DTYPES)} weights')
-    node = params
-    for key in row.path[:-1]:
-      node = node.setdefault(key, {})
-    node[row.path[-1]] = np.asarray(value, target).reshape(row.our_shape)
-  return params
+  table = check_weights(weights, config)
+  return weight_table_lib.read(weights, table,
+                               {row.name: row.name for row in table}, target,
+                               check_value=_check_dtype)
 
 
 # --------------------------------------------------------------- import ---

@@ -24,7 +24,10 @@ import numpy as np
 from jaxformer.data import sources
 from jaxformer.data import language_tokenizer, vocab_tokenizer
 from jaxformer.interop import bart_weights, config_bounds, folders, hf_folders
+from jaxformer.interop import weight_table as weight_table_lib
+from jaxformer.interop.weight_table import Tensor, tensor
 from jaxformer.model.config import ModelConfig
+from jaxformer.storage.errors import DataError, InteropError
 
 MODEL_TYPE = 'm2m_100'
 ACTIVATIONS = {'relu': 'relu', 'gelu': 'gelu_exact', 'gelu_new': 'gelu',
@@ -40,7 +43,7 @@ POSITION_TABLES = ('model.encoder.embed_positions.weights',
 FAMILY = 'M2M100/NLLB'
 
 
-class M2M100ImportError(ValueError):
+class M2M100ImportError(InteropError):
   """The folder cannot be imported; the message names the file or key."""
 
 
@@ -96,13 +99,13 @@ def model_config(hf: dict) -> ModelConfig:
     raise M2M100ImportError(f'config.json: {e}') from None
 
 
-def weight_table(config: ModelConfig) -> list[bart_weights.Row]:
+def weight_table(config: ModelConfig) -> list[Tensor]:
   """Every tensor of `M2M100ForConditionalGeneration` of `config` (less
   the computed sinusoid tables)."""
-  d, Row, same = config.d_model, bart_weights.Row, bart_weights.same
-  rows = [Row(('model.shared.weight', 'model.encoder.embed_tokens.weight',
-               'model.decoder.embed_tokens.weight', 'lm_head.weight'),
-              ('source_embed', 'embedding'), same, (config.vocab_size, d))]
+  d = config.d_model
+  rows = [tensor(('model.shared.weight', 'model.encoder.embed_tokens.weight',
+                  'model.decoder.embed_tokens.weight', 'lm_head.weight'),
+                 ('source_embed', 'embedding'), (config.vocab_size, d))]
   for side in ('encoder', 'decoder'):
     rows += bart_weights.linear_rows(f'model.{side}.layer_norm',
                                      (side, 'final_norm'), d, None)
@@ -114,8 +117,9 @@ def params_from_weights(weights, config: ModelConfig) -> dict:
   raises M2M100ImportError naming a missing, misshapen, untied or
   unexpected tensor, or a saved sinusoid table that is not M2M100's."""
   from jaxformer.model.layers import sinusoidal_positions
-  params = bart_weights.read_table(weights, weight_table(config),
-                                   M2M100ImportError, FAMILY, POSITION_TABLES)
+  params = weight_table_lib.load(
+      weights, weight_table(config), M2M100ImportError,
+      f'a {FAMILY} checkpoint of config.json', POSITION_TABLES.__contains__)
   for name in POSITION_TABLES[:2]:
     if name in weights:
       table = np.array(weights[name])
@@ -137,7 +141,7 @@ def _m2m100_tokenizer(hf, folder: str, config: ModelConfig):
         sources.read_bytes(hf.spm_file),
         vocab_tokenizer.vocabulary_list(hf.encoder, hf.vocab_file),
         name=hf.spm_file)
-  except sources.DataError as e:
+  except DataError as e:
     raise M2M100ImportError(str(e)) from None
   pieces = {i: token for token, i in hf.lang_token_to_id.items()}
   first = inner.vocab_size + len(pieces)
@@ -191,7 +195,7 @@ def load_tokenizer(folder: str, config: ModelConfig
     hf = hf_folders.auto_tokenizer(folder, needed[0])
     tokenizer = (_nllb_tokenizer if nllb else _m2m100_tokenizer)(
         hf, folder, config)
-  except (hf_folders.FolderError, sources.DataError) as e:
+  except (hf_folders.FolderError, DataError) as e:
     raise M2M100ImportError(str(e)) from None
   for what, theirs, ours, key in (
       ('</s>', tokenizer.eos_id, config.eos_id, 'eos_token_id'),

@@ -22,10 +22,12 @@ from typing import Callable
 
 import numpy as np
 
-from jaxformer.data import sources
 from jaxformer.data import vocab_tokenizer
 from jaxformer.interop import bart_weights, config_bounds, folders
+from jaxformer.interop import weight_table as weight_table_lib
+from jaxformer.interop.weight_table import Tensor, tensor
 from jaxformer.model.config import ModelConfig
+from jaxformer.storage.errors import DataError, InteropError
 
 ACTIVATIONS = {'swish': 'swish', 'silu': 'swish', 'relu': 'relu',
                'gelu': 'gelu_exact', 'gelu_new': 'gelu',
@@ -41,7 +43,7 @@ SAME = {'decoder_ffn_dim': 'encoder_ffn_dim',
         'decoder_attention_heads': 'encoder_attention_heads'}
 
 
-class MarianImportError(ValueError):
+class MarianImportError(InteropError):
   """The folder cannot be imported; the message names the file or key."""
 
 
@@ -56,7 +58,7 @@ def _read_config(folder: str) -> dict:
                        'download Helsinki-NLP/opus-mt-en-de --local-dir DIR`)')
   try:
     config = vocab_tokenizer.read_json(path)
-  except sources.DataError as e:
+  except DataError as e:
     raise MarianImportError(str(e)) from None
   if config.get('model_type') != 'marian':
     raise MarianImportError(f'{path}: model_type is {config.get("model_type")!r}, '
@@ -117,23 +119,31 @@ def model_config(hf: dict) -> ModelConfig:
 
 # ------------------------------------------------------------ the table ---
 
-def weight_table(config: ModelConfig) -> list[bart_weights.Row]:
-  """(their names, the first present is read; our path or None (read,
-  checked, dropped); transform; their shape) for every tensor."""
+def weight_table(config: ModelConfig) -> list[Tensor]:
+  """Every tensor of `MarianMTModel` of `config` (less the computed
+  sinusoid tables): the embeddings, the output layer and its bias, and the
+  layers (`bart_weights.layer_rows`)."""
   d = config.d_model
   vocab, target = config.vocab_size, config.output_vocab_size
-  Row, same = bart_weights.Row, bart_weights.same
   if config.share_embeddings == 'all':
-    rows = [Row(('model.shared.weight', 'model.encoder.embed_tokens.weight',
-                 'model.decoder.embed_tokens.weight', 'lm_head.weight'),
-                ('source_embed', 'embedding'), same, (vocab, d))]
+    rows = [tensor(('model.shared.weight', 'model.encoder.embed_tokens.weight',
+                    'model.decoder.embed_tokens.weight', 'lm_head.weight'),
+                   ('source_embed', 'embedding'), (vocab, d))]
   else:
-    rows = [Row(('model.encoder.embed_tokens.weight', 'model.shared.weight'),
-                ('source_embed', 'embedding'), same, (vocab, d)),
-            Row(('model.decoder.embed_tokens.weight', 'lm_head.weight'),
-                ('target_embed', 'embedding'), same, (target, d))]
-  rows.append(Row(('final_logits_bias',), ('decoder', 'output_bias'),
-                  lambda b: b.reshape(-1), (1, target)))
+    rows = [tensor(('model.encoder.embed_tokens.weight', 'model.shared.weight'),
+                   ('source_embed', 'embedding'), (vocab, d))]
+    if config.share_embeddings == 'none':
+      rows += [tensor('model.decoder.embed_tokens.weight',
+                      ('target_embed', 'embedding'), (target, d)),
+               tensor('lm_head.weight', ('decoder', 'logits', 'kernel'),
+                      (target, d))]
+    else:
+      rows.append(tensor(('model.decoder.embed_tokens.weight',
+                          'lm_head.weight'),
+                         ('target_embed', 'embedding'), (target, d)))
+  bias = (('decoder', 'logits', 'bias') if config.share_embeddings == 'none'
+          else ('decoder', 'output_bias'))
+  rows.append(tensor('final_logits_bias', bias, (1, target), (target,)))
   return rows + bart_weights.layer_rows(config)
 
 
@@ -150,9 +160,9 @@ def params_from_weights(weights: dict, config: ModelConfig,
   tables must be Marian's); raises MarianImportError naming the tensor.
   """
   from jaxformer.model.layers import sinusoidal_positions
-  params = bart_weights.read_table(weights, weight_table(config),
-                                   MarianImportError, 'Marian',
-                                   POSITION_TABLES)
+  params = weight_table_lib.load(
+      weights, weight_table(config), MarianImportError,
+      'a Marian checkpoint of config.json', POSITION_TABLES.__contains__)
   for name in POSITION_TABLES:
     if name in weights:
       table = weights[name]
@@ -197,7 +207,7 @@ def read_weights(folder: str) -> dict:
 def _tokenizers(folder: str, config: ModelConfig):
   try:
     source, target = vocab_tokenizer.from_marian_folder(folder)
-  except sources.DataError as e:
+  except DataError as e:
     raise MarianImportError(f'{e} (BPE vocabularies are not supported)') from None
   checks = (('vocab.json', source.vocab_size, config.vocab_size,
              'vocab_size'),

@@ -19,6 +19,7 @@ import os
 import numpy as np
 
 from jaxformer.interop import folders, hf_folders, layout, llama
+from jaxformer.interop.weight_table import Tensor, tensor
 from jaxformer.model import lora
 from jaxformer.model.config import ModelConfig
 
@@ -74,7 +75,7 @@ def lora_config(adapter: dict, where: str) -> lora.LoraConfig:
       use_rslora=bool(adapter.get('use_rslora', False)))
 
 
-def adapter_table(config: ModelConfig) -> list[llama.Tensor]:
+def adapter_table(config: ModelConfig) -> list[Tensor]:
   """The adapter tensors of `config` (a Llama-family model with
   model.lora): PEFT's name and shape -> our parameter's path and shape."""
   rank, targets = config.lora.rank, config.lora_targets
@@ -85,10 +86,10 @@ def adapter_table(config: ModelConfig) -> list[llama.Tensor]:
       continue
     module = PREFIX + row.name[:-len('.weight')]
     out_features, in_features = row.shape
-    rows += [llama.Tensor(f'{module}.lora_A.weight', (*row.path[:-1], 'lora_a'),
-                          (rank, in_features), (rank, in_features)),
-             llama.Tensor(f'{module}.lora_B.weight', (*row.path[:-1], 'lora_b'),
-                          (out_features, rank), (out_features, rank))]
+    rows += [tensor(f'{module}.lora_A.weight', (*row.path[:-1], 'lora_a'),
+                    (rank, in_features)),
+             tensor(f'{module}.lora_B.weight', (*row.path[:-1], 'lora_b'),
+                    (out_features, rank))]
   return rows
 
 

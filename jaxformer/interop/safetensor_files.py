@@ -16,12 +16,14 @@ from collections.abc import Iterator, Mapping
 
 import numpy as np
 
+from jaxformer.storage.errors import InteropError
+
 SINGLE = 'model.safetensors'
 INDEX = 'model.safetensors.index.json'
 SHARD = re.compile(r'model-(\d+)-of-(\d+)\.safetensors')
 
 
-class WeightsError(ValueError):
+class WeightsError(InteropError):
   """The weights cannot be read; the message names the file."""
 
 

@@ -34,27 +34,57 @@ def batch_flops(run: RunSpec, local: dict[str, np.ndarray]) -> float:
       local['targets'].shape[1] if 'targets' in local else 0)
 
 
-def peak_flops(configured: float = 0.0) -> float:
+# A CPU's peak, measured as benchmarks/train_throughput.py measures it: a
+# matmul large enough to keep every core busy, compiled and run once before
+# the timing, and the fastest of several calls (a call that other work
+# shared a core with is slower, not faster). A 1024 x 1024 matmul timed on
+# average while start-up work shared the cores read low: the quick start
+# printed an MFU of 84.6%.
+PEAK_SIZES = {'cpu': 2048}
+ACCELERATOR_PEAK_SIZE = 8192
+PEAK_REPEATS = 10
+
+
+def peak_flops(configured: float = 0.0,
+               log: Callable[[str], None] = lambda text: None) -> float:
   """FLOP/s of one device: `configured` (train.peak_flops), else the chip's
-  from the table (TPUs, GPUs), else measured (CPUs)."""
+  from the table (TPUs, GPUs), else measured (CPUs), which `log` is told
+  once with its value. A measurement needs the cores to itself: call this
+  before the input pipeline's threads start."""
   kind = jax.devices()[0].device_kind
-  return (configured or flops_lib.device_peak_flops(kind)
-          or measure_peak_flops())
+  known = configured or flops_lib.device_peak_flops(kind)
+  if known:
+    return known
+  measured = measure_peak_flops()
+  size = peak_size(jax.devices()[0].platform)
+  log(f'MFU is against {measured / 1e9:,.1f} GFLOP/s per device, measured '
+      f'on this {kind} (the fastest of {PEAK_REPEATS} {size}x{size} '
+      'matmuls); set train.peak_flops to use another peak.')
+  return measured
 
 
-def measure_peak_flops(seconds: float = 0.5) -> float:
-  """FLOP/s of one device on a large float32 matmul (bf16 on accelerators)."""
+def peak_size(platform: str) -> int:
+  """The side of the square matmul that measures a `platform` device."""
+  return PEAK_SIZES.get(platform, ACCELERATOR_PEAK_SIZE)
+
+
+@functools.cache
+def measure_peak_flops(repeats: int = PEAK_REPEATS) -> float:
+  """FLOP/s of one device on a large float32 matmul (bf16 on accelerators):
+  the fastest of `repeats` calls after a warm-up one. Measured once per
+  process (about 2 s on 2 CPU cores)."""
   device = jax.devices()[0]
   dtype = jnp.float32 if device.platform == 'cpu' else jnp.bfloat16
-  n = 1024 if device.platform == 'cpu' else 8192
-  a = jnp.ones((n, n), dtype)
+  n = peak_size(device.platform)
+  a = jax.device_put(jnp.ones((n, n), dtype), device)
   matmul = jax.jit(lambda x: x @ x)
   matmul(a).block_until_ready()
-  count, start = 0, time.perf_counter()
-  while time.perf_counter() - start < seconds:
+  fastest = float('inf')
+  for _ in range(repeats):
+    start = time.perf_counter()
     matmul(a).block_until_ready()
-    count += 1
-  return 2 * n ** 3 * count / (time.perf_counter() - start)
+    fastest = min(fastest, time.perf_counter() - start)
+  return 2 * n ** 3 / fastest
 
 
 class NonFiniteLossError(RuntimeError):

@@ -1,71 +1,54 @@
 """`jaxformer train`: the training loop around the jitted step.
 
-Everything with side effects lives here: the workdir, tokenizers, the data
-stream, checkpoints, metrics, evaluation and signals. What is trained (the
-model, task, mesh, schedule and optimizer) is one `RunSpec`, built at
-set-up as `jaxformer compile` builds it.
+The loop is set-up, a step, and named hooks at its boundaries:
+- set-up (`run/assembly.py`): tokenizers, the `RunSpec` (what is trained,
+  built as `jaxformer compile` builds it), what a resume must match, this
+  host's share of the data; then the first state (`initial_state`) and the
+  loop's companions (`run/loop.py`);
+- a step (`_step`): the next batch dispatched, the step before counted;
+- at a boundary (`run/hooks.py`): the log window written, the budget's
+  re-plan, then the hooks, 'eval' (every `eval.every`, and last) and
+  'checkpoint' (every `checkpoint.every`); a stop saves and ends.
 
-The loop, in steps: `_set_up` (tokenizers, the run, what a resume must
-match, the host's share of the data), `initial_state`, then for each step
-`_step` (dispatch, and the bookkeeping of the step before) and, at a log
-boundary, `_log`, `_measure_budget`, `_evaluate_and_save` and `_ends`.
+Another part of a run adds its own hook:
+`trainer.hooks.add(name, fn, every=n)`, `fn(boundary)`.
 """
 import contextlib
 import dataclasses
-import functools
 import time
-from collections.abc import Iterator
 
 import jax
 import ml_collections
-import numpy as np
 
-from jaxformer.checkpoints import exports
 from jaxformer.checkpoints import manager as checkpoint_lib
-from jaxformer.checkpoints import trained as trained_lib
-from jaxformer.config import resume
-from jaxformer.data import language_tokenizer
-from jaxformer.data import mixture
-from jaxformer.data import task_batches
-from jaxformer.data import token_cache as token_cache_lib
-from jaxformer.data import tokenizer as tokenizer_lib
 from jaxformer.parallel import cluster
 from jaxformer.parallel import mesh as mesh_lib
 from jaxformer.parallel import peers
+from jaxformer.run import assembly
+from jaxformer.run import averaging
 from jaxformer.run import budget as budget_lib
 from jaxformer.run import goodput as goodput_lib
-from jaxformer.run import host_plan
 from jaxformer.run import log_window
+from jaxformer.run import pretrained
 from jaxformer.run import tracing
-from jaxformer.run.evaluation import Evaluator
-from jaxformer.run.metrics import MetricsWriter, Progress
+from jaxformer.run.hooks import Boundary, Hooks
+from jaxformer.run.loop import Loop, open_loop
 from jaxformer.run.signals import StopRequested
-from jaxformer.storage import paths
-from jaxformer.train import run_spec
 from jaxformer.train.state import TrainState
-from jaxformer.train.tasks import get_task
 
 
-@dataclasses.dataclass
-class Loop:
-  """What the loop keeps between steps besides the train state."""
-  start_step: int
-  batches: Iterator[dict[str, np.ndarray]]  # This process's rows.
-  writer: MetricsWriter
-  progress: Progress
-  peak_flops: float  # FLOP/s of all devices.
-  seconds_left: object  # For the progress line's ETA; None: no budget.
-  over_budget: budget_lib.ScheduleOverBudget
-  drawn: mixture.Tally  # Examples per source of a mixture.
-  final: dict = dataclasses.field(default_factory=dict)  # Last logged.
-
-  def close(self) -> None:
-    self.progress.close()
-    self.writer.close()
+@dataclasses.dataclass(frozen=True)
+class TrainResult:
+  """What a run returns: the metrics last logged (eval and goodput
+  included), the final state, and whether training reached its end (the
+  last step or the budget's) rather than a stop."""
+  metrics: dict
+  state: TrainState
+  finished: bool
 
 
 class Trainer:
-  """Holds what a run needs between steps; `run()` trains to num_steps."""
+  """A run set up in `workdir`; `train()` trains it to num_steps."""
 
   def __init__(self, config: ml_collections.ConfigDict, workdir: str,
                devices=None):
@@ -74,83 +57,39 @@ class Trainer:
     start = time.monotonic()
     cluster.initialize_distributed(config.distributed)
     self.goodput = goodput_lib.Goodput(workdir, start)
-    self.devices = devices
     # Seconds, not the hour that the others would wait for process 0's files.
     peers.check_shared_workdir(workdir)
     peers.watch_peers(config.distributed.heartbeat_timeout)
     self.budget = budget_lib.Budget(config.train.max_minutes,
                                     sync_every=config.train.log_every)
-    self.finished = False
     self.workdir = workdir
     self.is_main = jax.process_index() == 0
     self.checkpoints = checkpoint_lib.Checkpointer(workdir, config.checkpoint)
     self.goodput.watch(self.checkpoints)
     self.trace = tracing.StepTrace(config.train, workdir)
     try:
-      self._set_up(config)
+      run = assembly.assemble(config, workdir, self.checkpoints, devices)
     except BaseException:
       self.checkpoints.close()  # Or its threads outlive the error.
       raise
+    self.spec, self.plan = run.spec, run.plan
+    self.source_tok, self.target_tok = run.tokenizers
+    self.share, self.token_cache = run.plan.share, run.token_cache
+    self.evaluator = run.evaluator
+    self.result: TrainResult | None = None
+    self.loop: Loop | None = None  # While `train()` runs.
+    self.hooks = Hooks()
+    self.hooks.add('eval', self._evaluate_and_save, every=config.eval.every)
+    self.hooks.add('checkpoint', self._save, every=config.checkpoint.every)
 
-  # What a command reads of the run (`cli`'s report after training).
+  # What a command reads of the run.
   config = property(lambda self: self.spec.config)
   model_config = property(lambda self: self.spec.model_config)
   task = property(lambda self: self.spec.task)
   mesh = property(lambda self: self.spec.mesh)
-
-  def _set_up(self, config: ml_collections.ConfigDict) -> None:
-    config, pretrained_tokenizers = trained_lib.pretrained_start(config)
-    if pretrained_tokenizers:
-      trained_lib.write_tokenizers(config.data, self.workdir,
-                                   pretrained_tokenizers)
-    # Process 0's tokenizer hash and token-cache keys are every process's.
-    agree = (functools.partial(
-        peers.from_process_0,
-        timeout_seconds=config.data.tokenizer.get('wait_seconds', 3600))
-             if jax.process_count() > 1 else None)
-    tokenizers = language_tokenizer.bind_pair(*tokenizer_lib.get_or_train(
-        config.data, self.workdir, agree=agree,
-        with_labels=get_task(config.task).label is not None), config.data)
-    self.source_tok, self.target_tok = tokenizers
-    self.spec = run_spec.RunSpec.build(
-        config, run_spec.run_mesh(config, self.devices), tokenizers)
-    self._resume_and_plan()
-    self.token_cache = token_cache_lib.directory(self.config.data,
-                                                 self.workdir)
-    if agree and self.token_cache:
-      self.token_cache = token_cache_lib.SharedCache(self.token_cache, agree)
-    self.evaluator = Evaluator(self.spec, tokenizers, self.share,
-                               self.token_cache)
-    self._check_splits()
-
-  def _resume_and_plan(self) -> None:
-    """Checks that the newest checkpoint's config and data order may be
-    resumed with (`config/resume.py`), writes the run's config, and lays
-    out this host's part of the run: layout and batch shapes are checked
-    now, not hours in at a first use, by the code `jaxformer compile` runs
-    for every host of a pod."""
-    resume.check_compatible(self.checkpoints, self.config,
-                            resume.option_defaults())
-    self.checkpoints.set_extra(self.config, (self.source_tok, self.target_tok))
-    if self.is_main:
-      paths.write_text(paths.join(self.workdir, 'config.json'),
-                       self.config.to_json_best_effort(indent=2))
-    self.plan = host_plan.plan_host(self.config, self.mesh,
-                                    jax.process_index())
-    self.share = self.plan.share
-    resume.use_data_order(self.checkpoints, self.plan.data_order,
-                          self.config.data.allow_new_data_order)
-
-  def _check_splits(self) -> None:
-    """Reads the splits evaluated during and after training now, so that a
-    missing or bad file is reported before any training time is spent."""
-    task_batches.check_train_files(self.config, jax.process_index(),
-                                   self.token_cache)
-    splits = {self.config.eval.split}
-    if self.task.translates and self.config.eval.final_split:
-      splits.add(self.config.eval.final_split)
-    for split in sorted(splits):
-      next(iter(self.evaluator.batches(split)), None)
+  # The last `run()`'s, for the callers that read them after it.
+  state = property(lambda self: self.result.state)
+  finished = property(lambda self: bool(self.result and self.result.finished))
 
   def initial_state(self) -> TrainState:
     """The latest good checkpoint's state, or a fresh one."""
@@ -163,7 +102,7 @@ class Trainer:
     start = self.config.init.pretrained
     if start:
       self.log(f'Starting from the parameters of {start}.')
-      state = state.started_from(trained_lib.pretrained_params(
+      state = state.started_from(pretrained.pretrained_params(
           start, self.spec, state.params))
     return state
 
@@ -172,118 +111,113 @@ class Trainer:
       print(text, flush=True)
 
   def run(self, stop: StopRequested | None = None) -> dict:
+    """`train(stop)`'s metrics (the result is kept as `self.result`)."""
+    self.result = self.train(stop)
+    return self.result.metrics
+
+  def train(self, stop: StopRequested | None = None) -> TrainResult:
     """Trains to num_steps, or until a signal (caught by `stop`, entered by
     the caller, or else here) or an error; checkpointing is shut down on
     every way out (a pending save completes first)."""
     try:
       scope = contextlib.nullcontext(stop) if stop else StopRequested()
       with scope as stop:
-        final = self._run(stop)
+        result = self._train(stop)
     except BaseException:
       # With several processes, closing waits on the others: not on error.
       if jax.process_count() == 1:
         self.checkpoints.close()
       raise
     self.checkpoints.close()
-    final.update(self.goodput.end(self.finished))
-    self.log(goodput_lib.summary(final))
-    return final
+    result.metrics.update(self.goodput.end(result.finished))
+    self.log(goodput_lib.summary(result.metrics))
+    return result
 
-  def _run(self, stop: StopRequested) -> dict:
+  def _train(self, stop: StopRequested) -> TrainResult:
     stop.join_processes()
     state = self.initial_state()
-    loop = self._open_loop(int(state.step))
+    self.loop = open_loop(self.config, (self.source_tok, self.target_tok),
+                          self.share, self.token_cache, int(state.step),
+                          self.budget, self.workdir, self.log)
+    if self.loop.plan:
+      self.spec = self.spec.with_plan(self.loop.plan)
     if stop.signalled():
-      loop.close()
-      self.state = state
-      latest = self.checkpoints.latest_step()
-      self.log(f'{stop.signal_name} received before the first step: nothing '
-               'was trained and no checkpoint written (' + (
-                   f'the latest is step {latest}' if latest is not None
-                   else 'there is none yet') + f') in '
-               f'{self.checkpoints.directory}.')
-      return loop.final
-    num_steps = self.config.train.num_steps
-    if loop.start_step >= num_steps:
-      self.log(f'The checkpoint of step {loop.start_step} is already at '
-               f'train.num_steps={num_steps}: nothing to train (raise '
-               'train.num_steps to train further).')
-    else:
-      self.log(f'Training steps {loop.start_step + 1}-{num_steps} in '
-               f'{self.workdir} (the first step compiles first).')
+      self.loop.close()
+      self._say_stopped_before_training(stop)
+      return TrainResult(self.loop.final, state, False)
+    start, num_steps = self.loop.start_step, self.config.train.num_steps
+    self.log(f'The checkpoint of step {start} is already at '
+             f'train.num_steps={num_steps}: nothing to train (raise '
+             'train.num_steps to train further).' if start >= num_steps else
+             f'Training steps {start + 1}-{num_steps} in {self.workdir} '
+             '(the first step compiles first).')
     with mesh_lib.activate(self.mesh, self.spec.rules):
-      state, step = self._train(state, loop, stop)
+      state, finished = self._steps(state, stop)
       self.trace.stop(state)
       self.checkpoints.wait()
-      self.finished = self.finished or step >= self.config.train.num_steps
-      if self.finished and self.config.eval.average_last > 1:
-        state = self._averaged(state, step, loop.writer)
-    loop.close()
-    self.state = state
-    return loop.final
+      if finished and self.config.eval.average_last > 1:
+        state = averaging.averaged(
+            state, int(state.step), self.config.eval.average_last,
+            self.checkpoints, self.workdir, self.evaluate, self.loop.writer,
+            self.log)
+    self.loop.close()
+    return TrainResult(self.loop.final, state, finished)
 
-  def _open_loop(self, start_step: int) -> Loop:
-    """The data stream from `start_step`, the metrics' writers and the
-    budget's measuring step (which may fix the step count)."""
-    batches = task_batches.train_batches(
-        self.config, self.source_tok, self.target_tok, start_step=start_step,
-        process_index=jax.process_index(), share=self.share,
-        row_multiple=task_batches.row_multiple(self.config,
-                                               self.share.num_shards),
-        token_cache=self.token_cache)
-    writer = MetricsWriter(self.workdir, enabled=self.is_main)
-    over_budget = budget_lib.ScheduleOverBudget(
-        self.budget, self.config.train, self.workdir, self.log)
-    plan = over_budget.start(start_step)
-    if plan:
-      self.spec = self.spec.with_plan(plan)
-    train = self.config.train
-    seconds_left = (self.budget.wall_seconds_left if train.max_minutes
-                    else None)
-    progress = Progress(train.num_steps, start_step, enabled=self.is_main,
-                        seconds_left=seconds_left)
-    peak_flops = log_window.peak_flops(train.peak_flops)
-    return Loop(start_step, batches, writer, progress,
-                peak_flops * jax.device_count(), seconds_left, over_budget,
-                mixture.Tally(self.config.data))
+  def _say_stopped_before_training(self, stop: StopRequested) -> None:
+    latest = self.checkpoints.latest_step()
+    self.log(f'{stop.signal_name} received before the first step: nothing '
+             'was trained and no checkpoint written (' + (
+                 f'the latest is step {latest}' if latest is not None
+                 else 'there is none yet') + f') in '
+             f'{self.checkpoints.directory}.')
 
-  def _train(self, state: TrainState, loop: Loop, stop: StopRequested
-             ) -> tuple[TrainState, int]:
-    """Steps from `loop.start_step` until the last, the budget's end or a
-    stop; returns the state and its step."""
+  def _compiled_step(self, shardings):
+    return self.goodput.first_call_timed(self.spec.train_step(shardings))
+
+  def _steps(self, state: TrainState, stop: StopRequested
+             ) -> tuple[TrainState, bool]:
+    """Steps from the loop's start until the last, the budget's end or a
+    stop; returns the state and whether training reached its end."""
     shardings = jax.tree.map(lambda x: x.sharding, state)
-    step_fn = self.goodput.first_call_timed(self.spec.train_step(shardings))
+    step_fn = self._compiled_step(shardings)
     window = self._window()
-    step = loop.start_step
+    step = self.loop.start_step
     self.goodput.begin(step)
+    finished = step >= self.config.train.num_steps
     while step < self.config.train.num_steps:
       step += 1
-      state, out_of_time, stopping = self._step(step_fn, state, step, loop,
-                                                window, stop)
-      last = step == self.config.train.num_steps or out_of_time
-      if not (step % self.config.train.log_every == 0 or last or stopping
-              or step == loop.over_budget.measure_at or self._eval_due(step)
-              or self.checkpoints.due(step)):
+      state, out_of_time = self._step(step_fn, state, step, window)
+      boundary = Boundary(
+          step, state, self.loop.final,
+          last=step == self.config.train.num_steps or out_of_time,
+          stopping=stop.at(step, self.checkpoints))
+      if not self._is_boundary(boundary):
         continue
-      self._log(step, window, loop)
-      if self._measure_budget(step, last, loop):
-        step_fn = self.goodput.first_call_timed(
-            self.spec.train_step(shardings))
-      stopping = self._evaluate_and_save(state, step, last, stopping, stop,
-                                         loop)
-      if self._ends(step, last, out_of_time, stopping, stop, loop):
-        break
+      self._log(boundary, window)
+      if self._replanned(boundary):
+        step_fn = self._compiled_step(shardings)
+      ran = self.hooks.run(boundary)
+      # A signal during the hooks (an evaluation) stops here, saved.
+      stopping = boundary.stopping or (bool(ran) and stop.signalled())
+      if out_of_time and not stopping:
+        self.loop.progress.log(
+            f'step {step}: the {self.config.train.max_minutes:g}-minute '
+            'budget is spent; training ends here.')
+      if stopping:
+        self._stop(step, state, stop)
+        return state, finished or step >= self.config.train.num_steps
+      if boundary.last:
+        return state, True
       window = self._window()
-    return state, step
+    return state, finished
 
-  def _step(self, step_fn, state: TrainState, step: int, loop: Loop,
-            window: log_window.Window, stop: StopRequested
-            ) -> tuple[TrainState, bool, bool]:
+  def _step(self, step_fn, state: TrainState, step: int,
+            window: log_window.Window) -> tuple[TrainState, bool]:
     """Dispatches step `step` on the next batch and counts it in `window`
-    (which fetches the metrics of the step before); returns the state,
-    whether the budget is spent and whether to stop after it."""
-    local = self.goodput.timed('input', next)(loop.batches)
-    loop.drawn.add(local)
+    (which fetches the metrics of the step before); returns the state and
+    whether the budget is spent."""
+    local = self.goodput.timed('input', next)(self.loop.batches)
+    self.loop.drawn.add(local)
     self.trace.before(step)
     state, metrics = step_fn(state, mesh_lib.global_batch(local, self.mesh))
     self.trace.after(step, metrics)
@@ -291,93 +225,57 @@ class Trainer:
     window.add(step, metrics,
                log_window.real_tokens(local) * jax.process_count(),
                log_window.batch_flops(self.spec, local))
-    return state, out_of_time, stop.at(step, self.checkpoints)
+    return state, out_of_time
 
-  def _log(self, step: int, window: log_window.Window, loop: Loop) -> None:
-    """Writes and shows the window's metrics as those of `step`."""
-    loop.final = window.summary(loop.peak_flops)
-    loop.final.update(loop.drawn.take(), **self.goodput.fields())
-    loop.writer.write(step, loop.final)
-    loop.progress.update(step, loop.final)
+  def _is_boundary(self, boundary: Boundary) -> bool:
+    step = boundary.step
+    return (step % self.config.train.log_every == 0 or boundary.last
+            or boundary.stopping or self.hooks.wanted_at(step)
+            or step == self.loop.over_budget.measure_at)
 
-  def _measure_budget(self, step: int, last: bool, loop: Loop) -> bool:
-    """At a log boundary: whether the budget (re-)planned the step count now
-    (the schedule and optimizer follow it)."""
-    plan = loop.over_budget.at_boundary(step, last)
+  def _log(self, boundary: Boundary, window: log_window.Window) -> None:
+    """Writes and shows the window's metrics as those of the boundary."""
+    final = boundary.metrics
+    final.clear()
+    final.update(window.summary(self.loop.peak_flops))
+    final.update(self.loop.drawn.take(), **self.goodput.fields())
+    self.loop.writer.write(boundary.step, final)
+    self.loop.progress.update(boundary.step, final)
+
+  def _replanned(self, boundary: Boundary) -> bool:
+    """Whether the budget re-planned the step count at this boundary: the
+    run then trains to the plan's end, its schedule following (which
+    recompiles the step: `run/budget.py`)."""
+    plan = self.loop.over_budget.at_boundary(boundary.step, boundary.last)
     if plan is None:
       return False
     self.spec = self.spec.with_plan(plan)
-    loop.progress.close()
-    loop.progress = Progress(plan[-1][1], step, enabled=self.is_main,
-                             seconds_left=loop.seconds_left)
+    self.loop.new_progress(plan[-1][1], boundary.step, self.is_main)
     return True
 
-  def _evaluate_and_save(self, state: TrainState, step: int, last: bool,
-                         stopping: bool, stop: StopRequested,
-                         loop: Loop) -> bool:
-    """Evaluates when due (or last) and saves a checkpoint when due, at an
-    evaluation or on a stop; returns whether to stop (a signal during the
-    evaluation stops here, at the saved step)."""
-    if self._eval_due(step) or last:
-      metrics = self.evaluate(state)
-      loop.writer.write(step, metrics, prefix='eval_')
-      loop.progress.log(f'step {step}: ' + ' '.join(
-          f'eval_{k}={v:.4g}' for k, v in metrics.items()))
-      loop.final.update({f'eval_{k}': v for k, v in metrics.items()})
-      self.checkpoints.save(step, state, loop.final, force=True)
-      return stopping or stop.signalled()
-    if self.checkpoints.due(step) or stopping:
-      self.checkpoints.save(step, state, loop.final, force=stopping)
-    return stopping
+  def _evaluate_and_save(self, boundary: Boundary) -> None:
+    """The 'eval' hook: the eval split's metrics, written, shown and
+    carried by a checkpoint of the step (the best one is kept by them)."""
+    metrics = self.evaluate(boundary.state)
+    self.loop.writer.write(boundary.step, metrics, prefix='eval_')
+    self.loop.progress.log(f'step {boundary.step}: ' + ' '.join(
+        f'eval_{k}={v:.4g}' for k, v in metrics.items()))
+    boundary.metrics.update({f'eval_{k}': v for k, v in metrics.items()})
+    self.checkpoints.save(boundary.step, boundary.state, boundary.metrics,
+                          force=True)
 
-  def _ends(self, step: int, last: bool, out_of_time: bool, stopping: bool,
-            stop: StopRequested, loop: Loop) -> bool:
-    """Whether training ends after `step`, saying why."""
-    if out_of_time and not stopping:
-      loop.progress.log(f'step {step}: the '
-                        f'{self.config.train.max_minutes:g}-minute budget '
-                        'is spent; training ends here.')
-    if last and not stopping:
-      self.finished = True
-      return True
-    if stopping:
-      self.checkpoints.wait()
-      loop.progress.close()
-      self.log(f'{stop.signal_name} received: saved the checkpoint of step '
-               f'{step} in {self.checkpoints.directory}; run the same '
-               'command again to resume.')
-    return stopping
+  def _save(self, boundary: Boundary) -> None:
+    """The 'checkpoint' hook (a step saved already is left as it is)."""
+    self.checkpoints.save(boundary.step, boundary.state, boundary.metrics)
 
-  def _averaged(self, state: TrainState, step: int,
-                writer: MetricsWriter) -> TrainState:
-    """`state` with the mean parameters of the last `eval.average_last`
-    checkpoints (the final one included), evaluated, logged and exported to
-    WORKDIR/average_<first>-<last> for `jaxformer translate`."""
-    steps = self.checkpoints.all_steps()[-self.config.eval.average_last:]
-    if len(steps) < 2:
-      self.log(f'Only the checkpoint of step {steps} exists: nothing to '
-               'average.')
-      return state
-    abstract = jax.tree.map(
-        lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=x.sharding),
-        state.params)
-    reader = checkpoint_lib.Checkpointer.reader(self.workdir)
-    state = state.replace(
-        params=exports.mean_params(reader, steps, abstract))
-    metrics = self.evaluate(state)
-    writer.write(step, metrics, prefix='eval_average_')
-    out = paths.join(self.workdir, f'average_{steps[0]}-{steps[-1]}')
-    if not paths.exists(out):
-      exports.export_params(out, state.params, dict(
-          self.checkpoints.extra, steps=steps,
-          source=self.checkpoints.directory))
-    self.log(f'Averaged the checkpoints of steps {steps} (exported to {out}): '
-             + ' '.join(f'eval_{k}={v:.4g}' for k, v in metrics.items()))
-    return state
-
-  def _eval_due(self, step: int) -> bool:
-    every = self.config.eval.every
-    return bool(every) and step % every == 0
+  def _stop(self, step: int, state: TrainState, stop: StopRequested) -> None:
+    """A signal ends the run: the step is saved, and the way on said."""
+    self.checkpoints.save(step, state, self.loop.final, force=True)
+    self.checkpoints.wait()
+    self.loop.progress.close()
+    self.log(f'{stop.signal_name} received: saved the checkpoint of step '
+             f'{step} in {self.checkpoints.directory}; run the same '
+             'command again to resume.')
 
   def _window(self) -> log_window.Window:
     return log_window.Window(self.config.train.nan_policy, self._last_good)

@@ -27,6 +27,11 @@ import fsspec
 import numpy as np
 from etils import epath
 
+# StorageError is what paths raises; the other kinds are re-exported for
+# the modules that may import only paths (`data/`, `checkpoints/manager.py`).
+from jaxformer.storage.errors import (  # noqa: F401
+    CheckpointError, DataError, StorageError)
+
 os.environ.setdefault('EPATH_USE_TF', 'false')
 if not os.environ.get('JAXFORMER_DEBUG'):
   # gcsfs logs its retries, and fsspec's background prefetcher a failed
@@ -39,10 +44,6 @@ if not os.environ.get('JAXFORMER_DEBUG'):
 # Orbax's step markers): gcsfs must not answer from a listing it made before.
 for _protocol in ('gs', 'gcs'):
   fsspec.config.conf.setdefault(_protocol, {})['use_listings_cache'] = False
-
-
-class StorageError(OSError):
-  """A path that cannot be read or written as asked; says which and why."""
 
 
 def is_storage_error(error: BaseException) -> bool:

@@ -18,10 +18,10 @@ import jax
 import ml_collections
 import optax
 
-from jaxformer.data import sources
 from jaxformer.data.tokenizer import Tokenizer
 from jaxformer.model import config as model_config_lib
 from jaxformer.parallel import mesh as mesh_lib
+from jaxformer.storage.errors import DataError
 from jaxformer.train import schedule as schedules
 from jaxformer.train.state import (TrainState, create_train_state,
                                    state_shardings)
@@ -46,7 +46,7 @@ def with_vocabulary(config: ml_collections.ConfigDict, source_tok: Tokenizer,
   """The model's vocabulary sizes and special ids (padding, end of
   sentence) follow the tokenizers."""
   if source_tok.pad_id != target_tok.pad_id:
-    raise sources.DataError(
+    raise DataError(
         f'the source vocabulary pads with id {source_tok.pad_id}, the '
         f'target one with {target_tok.pad_id}; the model has one pad id')
   config = _copy(config)

@@ -55,6 +55,7 @@ def no_planning(monkeypatch):
   monkeypatch.setattr(epochs, 'planned_counts', planned_counts)
 
 
+@pytest.mark.slow
 def test_training_stores_the_counts_and_a_resume_plans_no_earlier_epoch(
     config, tok, tmp_path, monkeypatch):
   cache = str(tmp_path / 'cache')
@@ -69,6 +70,7 @@ def test_training_stores_the_counts_and_a_resume_plans_no_earlier_epoch(
   assert_equal_batches(take(config, tok, STEP), uninterrupted[STEP:])  # No cache.
 
 
+@pytest.mark.slow
 def test_a_first_resume_stores_the_counts_it_planned(config, tok, tmp_path,
                                                      monkeypatch):
   cache = str(tmp_path / 'cache')
@@ -81,6 +83,7 @@ def test_a_first_resume_stores_the_counts_it_planned(config, tok, tmp_path,
   assert_equal_batches(take(config, tok, STEP, token_cache=cache), want)
 
 
+@pytest.mark.slow
 def test_corrupt_altered_or_foreign_counts_are_never_used(config, tok, tmp_path):
   cache = str(tmp_path / 'cache')
   want = take(config, tok, STEP)
@@ -137,6 +140,7 @@ def test_a_count_that_disagrees_with_its_plan_stops_the_stream(config, tok,
     take(config, tok, STEP, token_cache=cache)
 
 
+@pytest.mark.slow
 def test_other_processes_read_the_counts_or_plan_without_waiting(
     config, tok, tmp_path, monkeypatch):
   cache = str(tmp_path / 'cache')

@@ -58,6 +58,7 @@ STAGES = [dict(until_step=3, weights=dict(a=1)),
 # ------------------------------------------------------------------ sampling
 
 
+@pytest.mark.slow
 def test_weights_3_to_1_draw_examples_3_to_1_within_2_percent(files, tok):
   # Rows of one example each (classification, regression): exact.
   rows = [{'inputs': np.full((n, 2), n)} for n in (50, 7)]
@@ -99,6 +100,7 @@ def test_a_stage_switch_happens_at_its_step(files, tok):
   assert [drawn[0], drawn[3], drawn[7]] == [4, 1, 0]
 
 
+@pytest.mark.slow
 def test_resume_across_stage_boundaries_is_bitwise(files, tok, tmp_path):
   config = mixed_config(files, STAGES)
   cache = str(tmp_path / 'cache')

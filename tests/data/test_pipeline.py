@@ -128,6 +128,7 @@ def test_too_long_examples_are_dropped_from_training(tok):
     take(small_config(max_source_length=2), tok, 1)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize('batching', ['pack', 'bucket'])
 def test_stream_is_deterministic_and_seeded(tok, batching):
   first = take(small_config(batching=batching), tok, 3)
@@ -137,6 +138,7 @@ def test_stream_is_deterministic_and_seeded(tok, batching):
              for a, b in zip(first, reseeded))
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize('batching', ['pack', 'bucket'])
 def test_resumed_stream_equals_the_uninterrupted_one(tok, batching):
   config = small_config(batching=batching)
@@ -146,6 +148,7 @@ def test_resumed_stream_equals_the_uninterrupted_one(tok, batching):
                          uninterrupted[start_step:])
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize('batching', ['pack', 'bucket'])
 @pytest.mark.parametrize('shards', [((0,), (1,), (2,)), ((0, 2), (1, 3))],
                          ids=['blocks', 'interleaved'])

@@ -7,6 +7,8 @@ import subprocess
 import sys
 import textwrap
 
+import pytest
+
 from jaxformer.data import builtin
 
 SCRIPT = textwrap.dedent('''
@@ -46,6 +48,7 @@ SCRIPT = textwrap.dedent('''
 ''')
 
 
+@pytest.mark.slow
 def test_a_corpus_larger_than_the_memory_cap_is_served(tmp_path, tok):
   sentences = [s for s, _ in builtin.generate(2000, 1, 'train')]
   block = ''.join(' '.join(sentences[i:i + 3]) + '\n'

@@ -155,6 +155,7 @@ def test_every_host_reads_the_folder_of_process_0s_key(tmp_path, tok):
   assert folders(cache) == [f'train-{sent["token_cache/train"][:24]}']
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize('batching', ['pack', 'bucket'])
 def test_batches_from_the_cache_equal_those_from_memory(tmp_path, tok, batching):
   config = tsv_config(write_tsv(tmp_path / 'train.tsv', PAIRS),
@@ -187,6 +188,7 @@ def test_the_cache_directory_follows_the_config(tmp_path):
   assert token_cache.directory(config, str(tmp_path)) is None
 
 
+@pytest.mark.slow
 def test_a_long_lived_process_keeps_only_the_last_few_splits_open(tmp_path, tok):
   """Splits leave the process-wide cache in LRU order, and close once no
   stream reads them (TensorFlow keeps every numpy_function's Python

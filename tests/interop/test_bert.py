@@ -146,6 +146,7 @@ def test_tokenisation_equals_autotokenizers_on_300_sentences(imported):
       texts[3], texts[4])['input_ids']
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize('imported', HEADED, indirect=True)
 def test_predict_jsonl_prints_hugging_faces_logits(imported, tmp_path,
                                                    capsys):
@@ -240,6 +241,7 @@ def test_export_ct2_encoder_gives_our_logits(imported, tmp_path):
       [encodings[0].ids]).pooler_output)).all()
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize('imported', ['bert-cls2-vocab-txt'], indirect=True)
 def test_predict_cuts_long_pairs_as_hugging_face_with_a_warning(
     imported, tmp_path, capsys):

@@ -44,6 +44,7 @@ def padded(sentences) -> np.ndarray:
   return np.array([s + [0] * (width - len(s)) for s in sentences], np.int32)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize('name', CONFIGS)
 def test_greedy_outputs_equal_and_scores_within_1e_5(name, tok, tmp_path):
   options, seed = CONFIGS[name]
@@ -97,6 +98,7 @@ def export_dir(tok, tmp_path_factory):
   return path
 
 
+@pytest.mark.slow
 def test_cli_writes_an_int8_model_that_translates(export_dir, tmp_path,
                                                   capfd):
   out = str(tmp_path / 'int8')

@@ -65,6 +65,7 @@ OPTIONS = {
 }
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize('name', OPTIONS)
 def test_marian_shaped_model_generates_as_jaxformer(name, tok, tmp_path):
   options, seed = OPTIONS[name]
@@ -100,6 +101,7 @@ def imported(tmp_path_factory):
   return root
 
 
+@pytest.mark.slow
 def test_import_export_hf_import_is_bitwise(imported, capfd):
   again = imported / 'again'
   assert cli.main(['export', '--format', 'hf', '--from',
@@ -121,6 +123,7 @@ def test_import_export_hf_import_is_bitwise(imported, capfd):
   assert 'not zero' not in capfd.readouterr().err
 
 
+@pytest.mark.slow
 def test_imported_marian_model_exports_to_ct2_exactly(imported, tmp_path):
   model = trained.load(str(imported / 'imported'))
   config = model.model_config

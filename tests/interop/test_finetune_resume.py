@@ -4,11 +4,9 @@ data.target_lang) is a run like any other: killed with SIGKILL and
 resumed, it repeats the uninterrupted run bitwise (metrics and
 parameters), and Marian's pad rows stay zero."""
 import json
-import os
 import pathlib
 import signal
 import subprocess
-import sys
 import time
 
 import numpy as np
@@ -24,6 +22,7 @@ from jaxformer.cli import main as cli
 from jaxformer.checkpoints import trained
 from jaxformer.run import goodput  # noqa: E402
 from jaxformer.run.metrics import read_metrics  # noqa: E402
+from trained_runs import process_output, train_process  # noqa: E402
 
 CONFIG = str(pathlib.Path(__file__).resolve().parents[2] / 'configs'
              / 'finetune.py')
@@ -44,9 +43,9 @@ MODELS = {
 
 
 @pytest.fixture(scope='module', params=sorted(MODELS))
-def setup(request, tmp_path_factory):
+def setup(request, tmp_path_factory, process_environment):
   """An imported model, TSV splits and the subprocesses' environment
-  (2 devices, one compilation cache)."""
+  (2 devices, the test run's compilation cache)."""
   root = tmp_path_factory.mktemp('finetune')
   folder, export = str(root / request.param), str(root / 'imported')
   write_folder, model_overrides = MODELS[request.param]
@@ -67,26 +66,15 @@ def setup(request, tmp_path_factory):
       'eval.num_batches=1', 'data.batching=pack', 'data.batch_size=8',
       'data.max_source_length=32', 'data.max_target_length=32',
       *model_overrides]
-  environment = dict(os.environ,
-                     XLA_FLAGS='--xla_force_host_platform_device_count=2',
-                     JAXFORMER_COMPILATION_CACHE=str(root / 'cache'),
-                     JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS='0',
-                     TF_CPP_MIN_LOG_LEVEL='2')
-  return export, [f'--config.{o}' for o in overrides], environment
+  return export, [f'--config.{o}' for o in overrides], process_environment
 
 
 def train(workdir: pathlib.Path, setup) -> subprocess.Popen:
   _, overrides, environment = setup
-  workdir.mkdir(exist_ok=True)
-  log = open(workdir / f'log_{time.time_ns()}.txt', 'w')
-  return subprocess.Popen(
-      [sys.executable, '-m', 'jaxformer', 'train', '--config', CONFIG,
-       '--workdir', str(workdir), *overrides], stdout=log,
-      stderr=subprocess.STDOUT, env=environment)
+  return train_process(workdir, CONFIG, overrides, environment)
 
 
-def output(workdir: pathlib.Path) -> str:
-  return '\n'.join(p.read_text() for p in sorted(workdir.glob('log_*.txt')))
+output = process_output
 
 
 def steps_done(workdir: pathlib.Path) -> tuple[list[int], list[int]]:

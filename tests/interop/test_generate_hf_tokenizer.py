@@ -56,6 +56,7 @@ def model(request, tmp_path_factory):
   return Model(tmp_path_factory.mktemp('hf'), request.param)
 
 
+@pytest.mark.slow
 def test_prompts_are_fed_as_autotokenizer_encodes_them(model):
   outputs = model.generate(model.tok, batch_size=3)
   inputs = [model.hf(p)['input_ids'] for p in PROMPTS]
@@ -70,6 +71,7 @@ def test_prompts_are_fed_as_autotokenizer_encodes_them(model):
   assert [o.prompt for o in outputs] == PROMPTS
 
 
+@pytest.mark.slow
 def test_rows_end_at_any_of_the_tokenizers_eos_ids(model):
   free = [o.ids for o in model.generate(model.tok)]
   eos_ids = [free[0][1], free[2][2]]

@@ -106,6 +106,7 @@ def test_logits_equal_pytorchs_within_1e_5(imported):
   assert difference < 1e-5
 
 
+@pytest.mark.slow
 def test_greedy_ids_equal_generate(imported):
   ours = llama_folders.our_greedy(imported.ours.params, imported.config,
                                   imported.prompts, NEW_TOKENS,
@@ -114,6 +115,7 @@ def test_greedy_ids_equal_generate(imported):
   assert len(set(map(tuple, ours))) > 3  # Not one token over and over.
 
 
+@pytest.mark.slow
 def test_the_generate_command_gives_hugging_faces_greedy_ids(
     imported, tmp_path, capsys):
   """`jaxformer generate --jsonl --temperature 0` on the import: one batch of
@@ -142,6 +144,7 @@ def test_the_tokenizer_travels_in_the_export(imported):
   assert imported.tokenizer.encode(texts) == hf_tok(texts)['input_ids']
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(
     'imported', shapes_where(lambda _, saved: saved.get('bf16')),
     indirect=True)
@@ -228,6 +231,7 @@ def test_ct2_generator_greedy_equals_generate_and_int8_runs(
       os.listdir(str(tmp_path / 'int8')))
 
 
+@pytest.mark.slow
 def test_a_prompt_response_loss_equals_hugging_faces(imported):
   """The loss `configs/finetune_lm.py:tsv` trains on, of each pair, is
   Hugging Face's: the model reads BOS (where its tokenizer adds one) +
@@ -262,6 +266,7 @@ def test_a_prompt_response_loss_equals_hugging_faces(imported):
     assert abs(ours - theirs) < 1e-5, (imported.name, row, ours, theirs)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize('imported', shapes_where(
     lambda arguments, _: arguments.get('rope_parameters', {}).get(
         'rope_type') == 'llama3'), indirect=True)

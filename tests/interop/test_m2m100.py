@@ -142,6 +142,7 @@ def test_tokenisation_equals_hugging_faces(imported):
     assert ours.decode(row) == tok.decode(kept, skip_special_tokens=True)
 
 
+@pytest.mark.slow
 def test_greedy_and_beam_outputs_equal_generate(imported):
   config, tok = imported.ours.model_config, imported.ours.source_tok
   eos, stops = config.eos_id, []
@@ -181,6 +182,7 @@ def hf_texts(imported, rows):
                                  skip_special_tokens=True) for row in rows]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize('imported', ['nllb-1+2-d24'], indirect=True)
 def test_translate_and_evaluate_commands_give_what_generate_decodes(
     imported, tmp_path, capsys):

@@ -106,6 +106,7 @@ def test_logits_equal_pytorchs(imported):
                                          targets) < 1e-5
 
 
+@pytest.mark.slow
 def test_greedy_and_beam_outputs_equal_generate(imported):
   config = imported.ours.model_config
   rows = imported.rows(sentences())
@@ -147,6 +148,7 @@ def test_tokenisation_equals_marian_tokenizer(imported):
                  skip_special_tokens=True) for row in ids]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize('imported', ['shared-swish-scaled-2+1'],
                          indirect=True)  # One shape is enough for commands.
 def test_translate_and_evaluate_commands_give_what_generate_decodes(

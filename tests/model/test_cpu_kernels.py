@@ -91,6 +91,7 @@ def test_screened_argmax_is_greedy_choice_of_the_logits(case):
     np.testing.assert_array_equal(got, 7)
 
 
+@pytest.mark.slow
 def test_int8_candidates_hold_the_winner_and_few_others():
   for case in ['peaked', 'random', 'outliers', 'exact ties', 'near ties']:
     x, kernel = screening_case(case)
@@ -141,6 +142,7 @@ def test_search_in_parts_joins_rows_and_keeps_the_largest_scalar():
     cpu_kernels.search_in_parts(lambda block: block, inputs, parts=0)
 
 
+@pytest.mark.slow
 def test_default_batch_parts_is_one_per_core_on_a_single_cpu_device():
   env = {k: v for k, v in os.environ.items() if k != 'XLA_FLAGS'}
   env['JAX_PLATFORMS'] = 'cpu'

@@ -54,6 +54,7 @@ def assert_close(actual, expected, q_ids, tolerance):
 # Interpret mode is slow: every layout in float32, two in bfloat16, and
 # grouped-query attention (4 query heads over 2 key/value heads, passed to
 # the kernel as they are: the gradients of a shared head sum over its group).
+@pytest.mark.slow
 @pytest.mark.parametrize('ids, causal, dtype, heads', [
     (PADDED, False, jnp.float32, 2), (PADDED, True, jnp.float32, 2),
     (PACKED, False, jnp.float32, 2), (PACKED, True, jnp.float32, 2),
@@ -84,6 +85,7 @@ def test_splash_equals_einsum_forward_and_gradients(ids, causal, dtype, heads):
     assert_close(got, want, rows, 4 * tolerance)
 
 
+@pytest.mark.slow
 def test_splash_cross_attention_of_other_length_equals_einsum():
   q, k, v = qkv(jnp.float32, t=8, s=136)
   q_ids = jnp.array([[1] * 8, [1] * 5 + [0] * 3])
@@ -94,6 +96,7 @@ def test_splash_cross_attention_of_other_length_equals_einsum():
   assert_close(got, einsum_out(q, k, v, q_ids, k_ids, False), q_ids, 2e-5)
 
 
+@pytest.mark.slow
 def test_sharded_splash_equals_einsum_on_a_data_by_tensor_mesh():
   """Rows over `data`, heads over `tensor`: shard_map hands each device its
   own rows and heads."""
@@ -109,6 +112,7 @@ def test_sharded_splash_equals_einsum_on_a_data_by_tensor_mesh():
   assert_close(got, einsum_out(q, k, v, ids, ids, True), ids, 2e-5)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize('kv_heads', [2, 1])
 def test_sharded_grouped_splash_equals_einsum(kv_heads):
   """4 query heads over `tensor`=2: 2 kv heads split with them; 1 (MQA)
@@ -122,6 +126,7 @@ def test_sharded_grouped_splash_equals_einsum(kv_heads):
   assert_close(got, einsum_out(q, k, v, ids, ids, True), ids, 2e-5)
 
 
+@pytest.mark.slow
 def test_model_with_splash_attention_equals_einsum_model():
   config = ModelConfig(vocab_size=32, d_model=64, num_heads=2, d_ff=64,
                        num_encoder_layers=1, num_decoder_layers=1)
@@ -137,6 +142,7 @@ def test_model_with_splash_attention_equals_einsum_model():
                              atol=1e-4)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize('impl', ['fused', 'splash'])
 def test_grouped_rotary_lm_with_each_kernel_equals_einsum_model(impl):
   config = ModelConfig(vocab_size=32, d_model=32, num_heads=4, num_kv_heads=2,

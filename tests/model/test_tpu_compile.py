@@ -75,6 +75,7 @@ def compiled_train_step(devices, attention_impl: str, rows=8, length=128,
   return compiled.as_text(), compiled.memory_analysis()
 
 
+@pytest.mark.slow
 def test_auto_attention_compiles_to_the_splash_kernel_for_tpu(v5e_devices):
   hlo, _ = compiled_train_step(v5e_devices, 'auto')
   # Mosaic kernels are custom calls to tpu_custom_call; forward and the
@@ -90,6 +91,7 @@ GROUPED = MODEL.replace(num_heads=4, num_kv_heads=2, head_dim=128,
                         norm_position='pre', activation='swiglu')
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize('tensor', [2, 4])
 def test_grouped_query_attention_compiles_to_splash_over_tensor(v5e_devices,
                                                                 tensor):

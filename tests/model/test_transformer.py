@@ -241,6 +241,7 @@ def test_shift_right_starts_each_segment_with_zero():
                                 [[0, 11, 12, 0, 21, 0]])
 
 
+@pytest.mark.slow
 @CONFIGS
 def test_a_rows_own_start_makes_it_read_its_first_token_first(config):
   """targets_start: a row [t1..] with start t0 gives the logits of
@@ -290,6 +291,7 @@ ONES = jnp.ones_like(TEACHER_FORCED)
 POSITIONS = jnp.broadcast_to(jnp.arange(5), TEACHER_FORCED.shape)
 
 
+@pytest.mark.slow
 @CONFIGS
 @pytest.mark.parametrize('scan_layers', [False, True])
 def test_cached_decoding_equals_teacher_forcing_in_encoder_decoder(
@@ -339,6 +341,7 @@ def test_cached_decoding_equals_teacher_forcing_in_decoder_lm(scan_layers,
 # Equivalent execution options.
 
 
+@pytest.mark.slow
 @CONFIGS
 def test_fused_attention_model_equals_einsum_model(config):
   params = init(EncoderDecoder(config), INPUTS, TARGETS)
@@ -349,6 +352,7 @@ def test_fused_attention_model_equals_einsum_model(config):
   np.testing.assert_allclose(fused[real], einsum[real], atol=1e-5)
 
 
+@pytest.mark.slow
 @CONFIGS
 def test_scanned_layers_equal_looped_layers_with_stacked_params(config):
   params = init(EncoderDecoder(config), INPUTS, TARGETS)
@@ -370,6 +374,7 @@ def loss_fn(model, params, inputs, targets):
   return (losses * weights).sum() / weights.sum()
 
 
+@pytest.mark.slow
 @CONFIGS
 def test_remat_gives_the_same_loss_and_gradients(config):
   """Same parameters (stacked for scan); rematerialisation changes only what
