@@ -31,6 +31,7 @@ import numpy as np
 from jaxformer.interop import bert, hf_folders
 from jaxformer.model.config import ModelConfig
 from jaxformer.storage import paths
+from jaxformer.storage.errors import InteropError
 
 # class_identifier -> the sentences it reads besides the translation
 # (None: hparams.yaml's input_segments say).
@@ -48,7 +49,7 @@ TRANSFORMATIONS = ('softmax', 'sparsemax')
 ENCODER_PREFIX = 'encoder.model.'
 
 
-class CometError(ValueError):
+class CometError(InteropError):
   """The folder is not a COMET checkpoint jaxformer scores with; the
   message names the file or key."""
 

@@ -24,6 +24,7 @@ import random_run  # noqa: E402
 
 from jaxformer.cli import main as cli  # noqa: E402
 from jaxformer.interop import comet, comet_scores  # noqa: E402
+from jaxformer.storage import errors  # noqa: E402
 
 # name -> (class_identifier, hparams): wmt22-comet-da's class; QE; CometKiwi
 # (wmt22-cometkiwi-da's input segments and sparsemax); the unified metric
@@ -137,6 +138,7 @@ def test_a_folder_that_is_not_a_comet_checkpoint_is_refused(
 
 
 def test_a_folder_of_another_model_is_refused(tmp_path):
+  assert issubclass(comet.CometError, errors.InteropError)
   (tmp_path / 'hparams.yaml').write_text('class_identifier: xcomet_metric\n')
   with pytest.raises(comet.CometError, match='class_identifier'):
     comet.load(str(tmp_path))
