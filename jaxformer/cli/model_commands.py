@@ -218,6 +218,7 @@ def cmd_evaluate(args, overrides) -> int:
   from jaxformer.checkpoints import trained
   from jaxformer.cli import workdir_data
   from jaxformer.inference import ensemble, evaluate
+  scorer = translation_flags.comet_model(args)
   data = workdir_data.workdir_data(args.workdir, overrides)
   overrides = [*overrides, *(f'--config.{k}={v}' for k, v in data.items())]
   members = translation_flags.ensemble(args, overrides, load_translator)
@@ -228,6 +229,8 @@ def cmd_evaluate(args, overrides) -> int:
       model.params, model.model_config, model.config, model.source_tok,
       model.target_tok, args.split, trained.local_mesh(),
       beam_size=args.beam, alpha=args.alpha))
+  scores.update(translation_flags.comet_report(scorer, model.config.data,
+                                               args.split, hypotheses))
   report = dict(scores, split=args.split, weights=model.weights,
                 **translation_flags.ensemble_report(args))
   read = {k: v for k, v in data.items()
@@ -343,7 +346,7 @@ def add_parsers(commands) -> None:
   generate.set_defaults(run=cmd_generate)
 
   evaluate = commands.add_parser(
-      'evaluate', help='BLEU/chrF of a split, printed as JSON')
+      'evaluate', help='BLEU/chrF (and COMET) of a split, printed as JSON')
   add_model_args(evaluate)
   evaluate.add_argument('--split', default='test',
                         choices=('train', 'dev', 'test'))
@@ -351,6 +354,7 @@ def add_parsers(commands) -> None:
   evaluate.add_argument('--beam', type=POSITIVE_INT, default=None)
   evaluate.add_argument('--alpha', type=NON_NEGATIVE_FLOAT, default=None)
   translation_flags.add_ensemble_arg(evaluate)
+  translation_flags.add_comet_arg(evaluate)
   evaluate.add_argument('--hypotheses', type=path, default=None,
                         help='file to write the decoded split to, one line '
                         'each (default: none written)')

@@ -88,3 +88,35 @@ def ensemble(args, overrides, load) -> list:
 def ensemble_report(args) -> dict:
   """What `evaluate`'s JSON says of an ensemble."""
   return {'ensemble': [args.workdir, *args.ensemble]} if args.ensemble else {}
+
+
+def add_comet_arg(p) -> None:
+  p.add_argument(
+      '--comet', type=path, default=None, metavar='DIR',
+      help='also score the translations with the COMET checkpoint folder DIR '
+      '(as Unbabel\'s comet saves it: hparams.yaml, checkpoints/model.ckpt; '
+      'its pretrained_model a local folder with the encoder\'s config.json '
+      'and tokenizer), run in JAX: sentence and system scores in the JSON')
+
+
+def comet_model(args):
+  """The --comet model (read before any decoding, so that a folder that
+  is not one fails at once), or None."""
+  if not args.comet:
+    return None
+  from jaxformer.interop import comet
+  return comet.load(args.comet)
+
+
+def comet_report(model, data_config, split: str, hypotheses) -> dict:
+  """{'comet': the system score, 'comet_sentences': one per line, and the
+  model's kind} of `split`'s translations; {} without --comet."""
+  if model is None:
+    return {}
+  from jaxformer.data import sources
+  from jaxformer.interop import comet_scores
+  pairs = sources.read_split(data_config, split)[:len(hypotheses)]
+  report = comet_scores.corpus_report(
+      model, [source for source, _ in pairs], hypotheses,
+      [target for _, target in pairs])
+  return dict(report, comet_model=model.kind)
