@@ -46,7 +46,7 @@ def get_config(arg: str = '8b'):
   config.init.pretrained = ''  # Required: --config.init.pretrained=EXPORT.
   config.model.update(embedding_dropout=0.0, residual_dropout=0.0,
                       attention_dropout=0.0, ffn_dropout=0.0,
-                      remat_policy=remat,
+                      remat_policy=remat, max_len=width,
                       dtype='bfloat16' if base_dtype == 'bfloat16'
                       else 'float32')
   config.model.lora.update(targets=TARGETS, rank=16, alpha=32.0, dropout=0.05,
