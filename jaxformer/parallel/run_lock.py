@@ -18,7 +18,10 @@ WAIT_SECONDS = 600  # For process 0's answer (it may be reading storage).
 def one_writer(lock: str, what: str):
   """Holds the lock `lock` (a path, local or gs://) in process 0 for the
   block; raises `locks.LockHeld` on every process if another run holds it.
-  `what` names the thing locked in that line (e.g. '--workdir runs/a')."""
+  `what` names the thing locked in that line (e.g. '--workdir runs/a').
+  Once per run: the processes agree on process 0's answer under one fixed
+  name, since each may spell `lock` differently (a workdir they do not
+  share is named by the probe after this, in seconds)."""
   with contextlib.ExitStack() as stack:
     if jax.process_count() == 1:
       stack.enter_context(locks.exclusive(lock, what))
@@ -31,7 +34,7 @@ def one_writer(lock: str, what: str):
       except locks.LockHeld as held:
         return f'held:{held}'
       return 'ok'
-    answer = peers.from_process_0(f'lock{lock}', take, WAIT_SECONDS,
+    answer = peers.from_process_0('one_writer', take, WAIT_SECONDS,
                                   'ok|held:[^\n]{1,4000}')
     if answer != 'ok':
       raise locks.LockHeld(answer.removeprefix('held:'))
