@@ -8,6 +8,7 @@ import pytest
 from jaxformer.checkpoints import manager
 from jaxformer.cli import main as cli
 from jaxformer.config import settings
+from jaxformer.data import input_errors
 from jaxformer.data import sources
 from jaxformer.interop import bert, hf_folders, llama, m2m100, marian
 from jaxformer.storage import errors, paths
@@ -26,7 +27,7 @@ def test_each_kind_is_a_jaxformer_error_and_its_builtin(kind, builtin):
 
 def test_the_layers_raise_their_own_kind():
   assert sources.DataError is errors.DataError
-  assert issubclass(sources.MissingFileError, errors.DataError)
+  assert issubclass(input_errors.MissingFileError, errors.DataError)
   assert settings.ConfigError is errors.ConfigError
   assert manager.CheckpointError is errors.CheckpointError
   assert paths.StorageError is errors.StorageError

@@ -13,6 +13,7 @@ import textwrap
 
 import pytest
 
+from jaxformer.data import input_errors
 from jaxformer.data import sources
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -39,7 +40,7 @@ def run_bounded(code: str, budget_mib: int) -> str:
   it does not exit 0 (a MemoryError: the budget was not enough)."""
   env = dict(os.environ, PYTHONPATH=REPO, JAXFORMER_SYSTEM_MALLOC='1',
              MALLOC_ARENA_MAX='1')
-  env.pop(sources.LINE_BYTES_ENV, None)
+  env.pop(input_errors.LINE_BYTES_ENV, None)
   script = CHILD + textwrap.dedent(code).replace('BUDGET', str(budget_mib))
   result = subprocess.run([sys.executable, '-c', script], env=env, cwd=REPO,
                           capture_output=True, text=True, timeout=300)
@@ -84,9 +85,9 @@ def test_a_gz_of_one_huge_line_is_refused_naming_the_line(bomb):
       except sources.DataError as e:
         print(e)
       ''', 96)
-  assert f'{bomb}:1: the line is longer than {sources.MAX_LINE_BYTES} bytes' \
+  assert f'{bomb}:1: the line is longer than {input_errors.MAX_LINE_BYTES} bytes' \
       in out
-  assert sources.LINE_BYTES_ENV in out
+  assert input_errors.LINE_BYTES_ENV in out
 
 
 @pytest.mark.slow
@@ -141,7 +142,7 @@ def test_an_endless_input_line_is_refused_naming_it():
       except sources.DataError as e:
         print(e)
       ''', 64)
-  assert f'<stdin>:1: the line is longer than {sources.MAX_LINE_BYTES}' in out
+  assert f'<stdin>:1: the line is longer than {input_errors.MAX_LINE_BYTES}' in out
 
 
 @pytest.mark.slow
@@ -172,7 +173,7 @@ def write(path, data: bytes) -> str:
 
 def test_a_line_over_the_limit_is_named_wherever_it_lies(tmp_path,
                                                          monkeypatch):
-  monkeypatch.setenv(sources.LINE_BYTES_ENV, '10')
+  monkeypatch.setenv(input_errors.LINE_BYTES_ENV, '10')
   ok = write(tmp_path / 'ok.txt', b'0123456789\nab\r\n' + b'x' * 10)
   assert list(sources.iter_lines(ok)) == ['0123456789', 'ab', 'x' * 10]
   for data, line in ((b'a\nbb\n' + b'x' * 11 + b'\nc\n', 3),
@@ -190,11 +191,11 @@ def test_a_line_over_the_limit_is_named_wherever_it_lies(tmp_path,
 
 
 def test_the_line_limit_takes_a_positive_number(monkeypatch):
-  assert sources.max_line_bytes({}) == sources.MAX_LINE_BYTES
-  assert sources.max_line_bytes({sources.LINE_BYTES_ENV: '4096'}) == 4096
+  assert input_errors.max_line_bytes({}) == input_errors.MAX_LINE_BYTES
+  assert input_errors.max_line_bytes({input_errors.LINE_BYTES_ENV: '4096'}) == 4096
   for bad in ('0', '-5', 'lots'):
-    with pytest.raises(sources.DataError, match=sources.LINE_BYTES_ENV):
-      sources.max_line_bytes({sources.LINE_BYTES_ENV: bad})
+    with pytest.raises(sources.DataError, match=input_errors.LINE_BYTES_ENV):
+      input_errors.max_line_bytes({input_errors.LINE_BYTES_ENV: bad})
 
 
 def test_input_lines_come_as_they_are_written():

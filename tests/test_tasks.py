@@ -10,7 +10,7 @@ from jaxformer.cli import main as cli
 from jaxformer.config.settings import load_config
 from jaxformer.data import builtin
 from jaxformer.data import sources
-from jaxformer.data import task_batches
+from jaxformer.data import labelled, lm_rows, row_layouts, task_batches
 from jaxformer.run.trainer import train
 from jaxformer.parallel.row_share import RowShare
 
@@ -32,24 +32,24 @@ def test_builtin_task_examples_label_the_written_number():
 
 
 def test_label_vocabulary_sorts_names_and_numbers():
-  assert task_batches.label_vocabulary(['pos', 'neg', 'pos']) == ['neg', 'pos']
-  assert task_batches.label_vocabulary(['10', '2', '-1']) == ['-1', '2', '10']
+  assert row_layouts.label_vocabulary(['pos', 'neg', 'pos']) == ['neg', 'pos']
+  assert row_layouts.label_vocabulary(['10', '2', '-1']) == ['-1', '2', '10']
 
 
 def test_unknown_label_names_the_fix():
   with pytest.raises(sources.DataError, match=r"\['maybe'\].*data.labels"):
-    task_batches.label_ids(['yes', 'maybe'], ['no', 'yes'], 'dev')
+    row_layouts.label_ids(['yes', 'maybe'], ['no', 'yes'], 'dev')
 
 
 def test_bad_regression_value_names_the_line():
-  assert task_batches.parse_values(['0.5 1', '2 -3'], 2, 'train').tolist() == [
+  assert row_layouts.parse_values(['0.5 1', '2 -3'], 2, 'train').tolist() == [
       [0.5, 1.0], [2.0, -3.0]]
   with pytest.raises(sources.DataError, match='train example 2.*regression_dim'):
-    task_batches.parse_values(['0.5', 'high'], 1, 'train')
+    row_layouts.parse_values(['0.5', 'high'], 1, 'train')
 
 
 def test_pad_token_rows_cuts_long_texts_to_eos():
-  rows = task_batches.pad_token_rows([[5, 6, 1], [7, 8, 9, 10, 1]], 4)
+  rows = labelled.pad_token_rows([[5, 6, 1], [7, 8, 9, 10, 1]], 4)
   np.testing.assert_array_equal(rows['inputs'], [[5, 6, 1, 0], [7, 8, 9, 1]])
   np.testing.assert_array_equal(rows['inputs_segment_ids'],
                                 [[1, 1, 1, 0], [1, 1, 1, 1]])
@@ -58,7 +58,7 @@ def test_pad_token_rows_cuts_long_texts_to_eos():
 
 
 def test_pack_documents_restarts_segments_and_positions():
-  rows = task_batches.pack_documents([[5, 6, 1], [7, 1], [8, 9, 3, 4, 1]], 4)
+  rows = lm_rows.pack_documents([[5, 6, 1], [7, 1], [8, 9, 3, 4, 1]], 4)
   np.testing.assert_array_equal(rows['targets'],
                                 [[5, 6, 1, 7], [1, 8, 9, 3], [4, 1, 0, 0]])
   np.testing.assert_array_equal(rows['targets_segment_ids'],

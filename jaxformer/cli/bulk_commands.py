@@ -38,9 +38,9 @@ def cmd_bulk(args, overrides, load) -> int:
   if not args.input:
     raise ValueError('--output needs --input FILE_OR_GLOB: every process '
                      'reads the input itself, which stdin cannot give them.')
-  from jaxformer.cli import model_commands
+  from jaxformer.cli import input_args
   # Before the lock (`lock_of`): a refused command leaves nothing.
-  bulk.check_not_an_input(model_commands.input_files(args.input),
+  bulk.check_not_an_input(input_args.input_files(args.input),
                           args.output)
   stop = bulk.Stop()
 

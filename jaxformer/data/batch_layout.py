@@ -10,7 +10,7 @@ import weakref
 import numpy as np
 import tensorflow as tf
 
-from jaxformer.data.token_cache import TokenizedSplit
+from jaxformer.data.ragged_tokens import TokenizedSplit
 from jaxformer.parallel.row_share import RowShare, round_up_rows
 
 Batch = dict[str, np.ndarray]

@@ -16,7 +16,7 @@ import tensorflow as tf
 from jaxformer.data import epochs
 from jaxformer.data.batch_layout import (concat_blocks, gather_examples,
                                          pack_into_rows)
-from jaxformer.data.token_cache import TokenizedSplit
+from jaxformer.data.ragged_tokens import TokenizedSplit
 from jaxformer.parallel.row_share import RowShare
 
 _BUCKET_GRANULARITY = 8

@@ -25,7 +25,7 @@ from jaxformer.data import mixture as mixture_lib
 from jaxformer.data import packing
 from jaxformer.data.batch_layout import (gather_examples, pack_into_rows,
                                          train_rows_per_process)
-from jaxformer.data.token_cache import TokenizedSplit, concatenate
+from jaxformer.data.ragged_tokens import TokenizedSplit, concatenate
 from jaxformer.parallel.row_share import RowShare
 
 _PLANS_KEPT = 2  # epoch plans kept per source (the one read, the next)

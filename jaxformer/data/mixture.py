@@ -51,6 +51,7 @@ import ml_collections
 import numpy as np
 
 from jaxformer.storage import paths
+from jaxformer.data import input_errors
 from jaxformer.data import sources
 from jaxformer.data.defaults import default_data_config
 
@@ -255,7 +256,7 @@ def check_files(mixture: Mixture) -> None:
       if not paths.exists(path) and not (
           any(c in path for c in paths.WILDCARDS) and
           paths.matching_files(path)):
-        raise sources.MissingFileError(f'{path}: no such file ({where}); '
+        raise input_errors.MissingFileError(f'{path}: no such file ({where}); '
                                        'check the path')
 
 

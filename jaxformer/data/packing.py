@@ -17,7 +17,7 @@ from jaxformer.data import epochs
 from jaxformer.data.batch_layout import (concat_blocks, gather_examples,
                                          pack_into_rows,
                                          train_rows_per_process)
-from jaxformer.data.token_cache import TokenizedSplit
+from jaxformer.data.ragged_tokens import TokenizedSplit
 from jaxformer.parallel.row_share import RowShare
 
 # Names the packing plans in stored epoch counts: change it when they change.

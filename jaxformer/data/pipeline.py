@@ -56,7 +56,7 @@ from jaxformer.data.bucketing import (bucket_lengths, bucket_rows,
                                       bucketed_dataset)
 from jaxformer.data.mixed_packing import mixed_dataset
 from jaxformer.data.packing import packed_dataset
-from jaxformer.data.token_cache import TokenizedSplit
+from jaxformer.data.ragged_tokens import TokenizedSplit
 from jaxformer.parallel.row_share import RowShare
 
 

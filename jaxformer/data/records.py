@@ -21,7 +21,7 @@ from collections.abc import Callable, Iterator, Sequence
 
 import ml_collections
 
-from jaxformer.data import sources
+from jaxformer.data import input_errors
 from jaxformer.storage import paths
 
 NAMED_SOURCES = ('jsonl', 'parquet')
@@ -34,11 +34,11 @@ def json_record(line: str, where: Callable[[int], str], number: int) -> dict:
   try:
     value = json.loads(line)
   except json.JSONDecodeError as e:
-    raise sources.DataError(
+    raise input_errors.DataError(
         f'{where(number)}: not valid JSON ({e.msg} at column {e.colno}); '
         'each line of a JSONL file is one JSON object') from None
   if not isinstance(value, dict):
-    raise sources.DataError(
+    raise input_errors.DataError(
         f'{where(number)}: a JSON {type(value).__name__}, not an object; '
         'each line of a JSONL file is one object, e.g. {"text": "..."}')
   return value
@@ -46,12 +46,12 @@ def json_record(line: str, where: Callable[[int], str], number: int) -> dict:
 
 def _parquet_file(path: str):
   import pyarrow.parquet as pq  # Deferred: only Parquet sources need it.
-  with sources.storage_errors(path):
+  with input_errors.storage_errors(path):
     stream = paths.open_bytes(path)
   try:
     return pq.ParquetFile(stream)
   except Exception as e:  # pyarrow raises several types for a bad file.
-    raise sources.DataError(f'{path}: not a Parquet file ({e}); point '
+    raise input_errors.DataError(f'{path}: not a Parquet file ({e}); point '
                             'data.parquet at .parquet files') from None
 
 
@@ -98,7 +98,7 @@ def _as_text(value, name: str, where: Callable[[], str], key: str) -> str:
     return ' '.join(map(str, value))
   wanted = 'a string, a number or a list of numbers' if name == LABEL else (
       'a string')
-  raise sources.DataError(
+  raise input_errors.DataError(
       f'{where()}: field {key!r} ({name}) is a {type(value).__name__}, not '
       f'{wanted}; fix the data or point data.<source>.{name} at another key')
 
@@ -124,7 +124,7 @@ def fields(record: dict, names: Sequence[str],
     try:
       value = _lookup(record, key)
     except KeyError:
-      raise sources.DataError(
+      raise input_errors.DataError(
           f'{where()}: no field {key!r} ({name}); the record has '
           f'{sorted(record)[:8]}; set data.<source>.{name} to the key that '
           'holds it') from None

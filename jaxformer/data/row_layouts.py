@@ -192,7 +192,7 @@ def labels_of(data_config: ml_collections.ConfigDict) -> list[str]:
   distinct = set()
   for config in mixture_lib.train_configs(data_config):
     for piece in source_pieces.plan(config, 'train'):
-      for number, record in source_pieces.read_piece(config, piece):
+      for number, record in sources.read_piece(config, piece):
         distinct.add(token_shards.columns_of(
             record, encoding, config, lambda: piece.where(number))[1][-1])
   return label_vocabulary(distinct)

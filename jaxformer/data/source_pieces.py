@@ -13,7 +13,7 @@ The pieces depend only on the files' names and sizes and `piece_bytes`, so
 every process plans the same pieces, and the examples of the split are the
 pieces' examples in plan order, however many processes read them.
 
-`read_piece` yields each example as (its number in the piece, a record): a
+`read_file_piece` yields each example as (its number in the piece, a record): a
 tuple of texts for positional sources (a 'text' line, a 'tsv' line's
 columns, a pair), or a dict of fields ('jsonl', 'parquet'; records.py).
 `Piece.where(number)` names the file and line (or row group and row) of an
@@ -31,13 +31,15 @@ from collections.abc import Iterator
 import ml_collections
 
 from jaxformer.data import records
-from jaxformer.data import sources
+from jaxformer.data.input_errors import (DataError, MissingFileError,
+                                         max_line_bytes, storage_errors,
+                                         too_long)
 from jaxformer.storage import paths
 
 PIECE_BYTES = 64 << 20
 LINE_SOURCES = ('text', 'tsv', 'jsonl')
 FILE_SOURCES = LINE_SOURCES + ('parquet',)
-WHOLE = ''  # Piece.path of a split read whole by `sources.iter_split`.
+WHOLE = ''  # Piece.path of a split read whole by `sources.read_piece`.
 
 
 @dataclasses.dataclass(frozen=True)
@@ -73,12 +75,12 @@ def split_paths(data_config: ml_collections.ConfigDict, split: str
   """The files of `split` of a file source, globs expanded, in order."""
   pattern = data_config.get(data_config.source, {}).get(split, '')
   if not pattern:
-    raise sources.DataError(
+    raise DataError(
         f'data.{data_config.source}.{split} is not set; give the path (or a '
         'glob) of the files')
   files = paths.matching_files(pattern)
   if not files:
-    raise sources.MissingFileError(
+    raise MissingFileError(
         f'{pattern}: no file matches; check data.{data_config.source}.{split}')
   return files
 
@@ -109,7 +111,7 @@ def _size(path: str) -> int:
   try:
     return paths.stat(path)[0]
   except FileNotFoundError:
-    raise sources.MissingFileError(
+    raise MissingFileError(
         f'{path}: no such file; check the path in the data config') from None
 
 
@@ -135,7 +137,7 @@ def _raw_lines(piece: Piece) -> Iterator[bytes]:
   stream = paths.open_bytes(piece.path)
   if piece.path.endswith('.gz'):
     stream = gzip.GzipFile(fileobj=stream, mode='rb')
-  limit = sources.max_line_bytes()
+  limit = max_line_bytes()
   with stream:
     if piece.start > 0:
       stream.seek(piece.start - 1)
@@ -151,34 +153,28 @@ def _raw_lines(piece: Piece) -> Iterator[bytes]:
 
 def _text_lines(piece: Piece) -> Iterator[tuple[int, str]]:
   """(number, text) of each line of `piece`, decoded (UTF-8, strict)."""
-  limit = sources.max_line_bytes()
+  limit = max_line_bytes()
   for number, raw in enumerate(_raw_lines(piece), start=1):
     if len(raw.rstrip(b'\r\n')) > limit:
-      raise sources.DataError(
-          f'{piece.where(number)}: the line is longer than {limit} bytes; '
-          'split it (is this the right file?), or raise the limit with '
-          f'{sources.LINE_BYTES_ENV}=BYTES')
+      raise too_long(piece.where(number), limit)
     if number == 1 and piece.start == 0 and raw.startswith(codecs.BOM_UTF8):
       raw = raw[len(codecs.BOM_UTF8):]
     try:
       text = raw.decode('utf-8')
     except UnicodeDecodeError as e:
-      raise sources.DataError(
+      raise DataError(
           f'{piece.where(number)}: invalid UTF-8 ({e.reason} at byte '
           f'{e.start + 1} of the line); re-encode the file as UTF-8, e.g. '
           '`iconv -f latin1 -t utf-8`') from None
     yield number, text.rstrip('\r\n')
 
 
-def read_piece(data_config: ml_collections.ConfigDict, piece: Piece
-               ) -> Iterator[tuple[int, tuple[str, ...] | dict]]:
-  """(number, record) of each example of `piece` (module docstring)."""
+def read_file_piece(data_config: ml_collections.ConfigDict, piece: Piece
+                    ) -> Iterator[tuple[int, tuple[str, ...] | dict]]:
+  """(number, record) of each example of a file's `piece` (module
+  docstring); `sources.read_piece` reads any piece."""
   source = data_config.source
-  if piece.path == WHOLE:
-    yield from enumerate(sources.iter_split(data_config, piece.split),
-                         start=1)
-    return
-  with sources.storage_errors(piece.path):
+  with storage_errors(piece.path):
     paths.stat(piece.path)
   if source == 'parquet':
     yield from records.parquet_rows(piece.path, piece.row_group)
@@ -191,25 +187,3 @@ def read_piece(data_config: ml_collections.ConfigDict, piece: Piece
       yield number, tuple(line.split('\t'))
     elif line.strip():
       yield number, records.json_record(line, piece.where, number)
-
-
-
-# The fields of a record read as a (source, target) pair: the first kind a
-# record has (a text alone is paired with '').
-PAIR_FIELDS = (('source', 'target'), ('prompt', 'response'),
-               ('text_a', 'text_b'), ('text', 'label'), ('text',))
-
-
-def iter_pairs(data_config: ml_collections.ConfigDict, split: str
-               ) -> Iterator[sources.Pair]:
-  """The examples of a 'jsonl' or 'parquet' split as (source, target)
-  pairs (PAIR_FIELDS), as `sources.iter_split` serves them."""
-  settings = data_config.get(data_config.source)
-  for piece in plan(data_config, split):
-    for number, record in read_piece(data_config, piece):
-      names = next((names for names in PAIR_FIELDS if all(
-          records.has_field(record, name, settings) for name in names)),
-                   ('text',))
-      texts = records.fields(record, names, settings,
-                             lambda: piece.where(number))
-      yield (texts + ('',))[:2]

@@ -27,71 +27,52 @@ import codecs
 import contextlib
 import gzip
 import itertools
-import os
 import zlib
 from collections.abc import Iterable, Iterator
 
 import ml_collections
 
 from jaxformer.storage import paths
-from jaxformer.data import builtin
+from jaxformer.data import builtin, records, source_pieces
+from jaxformer.data.input_errors import (DataError, Pair, max_line_bytes,
+                                         storage_errors, too_long)
 
 SPLITS = ('train', 'dev', 'test')
 
-Pair = tuple[str, str]
-
-
-# The configured data cannot be read; the message says how to fix it.
-DataError = paths.DataError
-
-
-class MissingFileError(DataError, FileNotFoundError):
-  """A configured data file does not exist."""
-
-
-@contextlib.contextmanager
-def _storage_errors(path: str):
-  """Errors of opening or reading `path` as DataErrors that name it."""
-  try:
-    yield
-  except FileNotFoundError:
-    raise MissingFileError(
-        f'{path}: no such file; check the path in the data config') from None
-  except IsADirectoryError:
-    raise DataError(f'{path}: is a directory; name a file in the data '
-                    'config') from None
-  except Exception as e:  # Storage clients raise many types.
-    raise DataError(f'{path}: cannot read it: {type(e).__name__}: '
-                    f'{str(e).splitlines()[0] if str(e) else ""}') from None
-
-
-storage_errors = _storage_errors  # For the other readers of files.
-
-MAX_LINE_BYTES = 8 << 20
-LINE_BYTES_ENV = 'JAXFORMER_MAX_LINE_BYTES'
 MAX_FILE_BYTES = 64 << 20
 _BLOCK_BYTES = 1 << 24
 
 
-def max_line_bytes(environ=os.environ) -> int:
-  """The longest line read: $JAXFORMER_MAX_LINE_BYTES, else MAX_LINE_BYTES."""
-  text = environ.get(LINE_BYTES_ENV, '').strip() or str(MAX_LINE_BYTES)
-  if not text.isdigit() or not int(text):
-    raise DataError(f'{LINE_BYTES_ENV}={text!r} is not a positive number of '
-                    'bytes; unset it or give one, e.g. 16777216')
-  return int(text)
-
-
-def _too_long(name: str, number: int, limit: int) -> DataError:
-  return DataError(
-      f'{name}:{number}: the line is longer than {limit} bytes; split it (is '
-      f'this the right file?), or raise the limit with {LINE_BYTES_ENV}=BYTES')
+# The fields of a record read as a (source, target) pair: the first kind a
+# record has (a text alone is paired with '').
+PAIR_FIELDS = (('source', 'target'), ('prompt', 'response'),
+               ('text_a', 'text_b'), ('text', 'label'), ('text',))
 
 
 def _read_records(data_config: ml_collections.ConfigDict, split: str
                   ) -> Iterator[Pair]:
-  from jaxformer.data import source_pieces  # pylint: disable=g-import-not-at-top
-  return source_pieces.iter_pairs(data_config, split)
+  """The examples of a 'jsonl' or 'parquet' split as (source, target)
+  pairs (PAIR_FIELDS)."""
+  settings = data_config.get(data_config.source)
+  for piece in source_pieces.plan(data_config, split):
+    for number, record in read_piece(data_config, piece):
+      names = next((names for names in PAIR_FIELDS if all(
+          records.has_field(record, name, settings) for name in names)),
+                   ('text',))
+      texts = records.fields(record, names, settings,
+                             lambda: piece.where(number))
+      yield (texts + ('',))[:2]
+
+
+def read_piece(data_config: ml_collections.ConfigDict,
+               piece: source_pieces.Piece
+               ) -> Iterator[tuple[int, tuple[str, ...] | dict]]:
+  """(number, record) of each example of `piece`: a file's piece as
+  `source_pieces.read_file_piece` reads it, a whole split (source_pieces.
+  WHOLE) as `iter_split` does, numbered from 1."""
+  if piece.path == source_pieces.WHOLE:
+    return enumerate(iter_split(data_config, piece.split), start=1)
+  return source_pieces.read_file_piece(data_config, piece)
 
 
 def read_bytes(path: str, limit: int = MAX_FILE_BYTES) -> bytes:
@@ -119,7 +100,7 @@ def _stream_lines(stream, name: str, limit: int) -> Iterator[bytes]:
       number += 1
     line += rest
     if len(line) > limit:
-      raise _too_long(name, number, limit)
+      raise too_long(f'{name}:{number}', limit)
   if line:
     yield bytes(line)
 
@@ -137,7 +118,7 @@ def decode_lines(lines: Iterable[bytes], name: str, errors: str = 'strict',
     lines = _stream_lines(lines, name, limit)
   for number, raw in enumerate(lines, start=1):
     if len(raw.rstrip(b'\r\n')) > limit:
-      raise _too_long(name, number, limit)
+      raise too_long(f'{name}:{number}', limit)
     if number == 1 and raw.startswith(codecs.BOM_UTF8):
       raw = raw[len(codecs.BOM_UTF8):]
     try:
@@ -152,7 +133,7 @@ def decode_lines(lines: Iterable[bytes], name: str, errors: str = 'strict',
 
 def _binary_stream(path: str):
   """An open binary stream of `path`, gunzipping if its name ends in '.gz'."""
-  with _storage_errors(path):
+  with storage_errors(path):
     stream = paths.open_bytes(path)
   return gzip.GzipFile(fileobj=stream, mode='rb') if path.endswith('.gz') else stream
 
@@ -198,7 +179,8 @@ def _blocks(path: str) -> Iterator[bytes]:
       del rest, block
       start = _long_line(data, limit)
       if start is not None:
-        raise _too_long(path, lines + data.count(b'\n', 0, start) + 1, limit)
+        number = lines + data.count(b'\n', 0, start) + 1
+        raise too_long(f'{path}:{number}', limit)
       end = data.rfind(b'\n') + 1
       if end:
         lines += data.count(b'\n', 0, end)

@@ -41,11 +41,7 @@ from jaxformer.data import row_layouts
 from jaxformer.data import row_tables
 from jaxformer.data import token_cache as token_cache_lib
 from jaxformer.data import tokenizer as tokenizer_lib
-from jaxformer.data.labelled import pad_token_rows  # noqa: F401 (API)
-from jaxformer.data.row_layouts import ROW_LAYOUTS, labels_of  # noqa: F401
-from jaxformer.data.row_layouts import label_ids, label_vocabulary  # noqa: F401
-from jaxformer.data.row_layouts import parse_values  # noqa: F401 (API)
-from jaxformer.data.lm_rows import pack_documents  # noqa: F401 (API)
+from jaxformer.data.row_layouts import ROW_LAYOUTS
 from jaxformer.parallel.row_share import RowShare
 
 Batch = dict[str, np.ndarray]

@@ -7,7 +7,7 @@ from collections.abc import Iterator
 
 import ml_collections
 
-from jaxformer.data import sources
+from jaxformer.data import input_errors
 
 
 def _tfds_builder(settings: ml_collections.ConfigDict):
@@ -15,7 +15,7 @@ def _tfds_builder(settings: ml_collections.ConfigDict):
   try:
     return tfds.builder(settings.name, data_dir=settings.data_dir)
   except tfds.core.registered.DatasetNotFoundError:
-    raise sources.DataError(
+    raise input_errors.DataError(
         f'unknown tfds dataset {settings.name!r} (data.tfds.name); use a name '
         "from https://www.tensorflow.org/datasets/catalog, e.g. "
         "'wmt14_translate/de-en'") from None
@@ -27,7 +27,7 @@ def _prepare_tfds(builder, settings: ml_collections.ConfigDict) -> None:
   try:
     builder.download_and_prepare()
   except Exception as e:  # Download and build errors come in many types.
-    raise sources.DataError(
+    raise input_errors.DataError(
         f'tfds dataset {settings.name!r} is not prepared in {builder.data_dir} '
         f'and preparing it failed ({type(e).__name__}: {e}); run `tfds build '
         f'{settings.name} --data_dir=DIR` on a machine with internet access '
@@ -35,14 +35,14 @@ def _prepare_tfds(builder, settings: ml_collections.ConfigDict) -> None:
 
 
 def read(data_config: ml_collections.ConfigDict, split: str
-               ) -> Iterator[sources.Pair]:
+               ) -> Iterator[input_errors.Pair]:
   """The split's pairs, read 4,096 at a time (never the whole split)."""
   settings = data_config.tfds
   builder = _tfds_builder(settings)
   languages = (settings.source_language, settings.target_language)
   available = tuple(builder.info.features.keys())
   if not set(languages) <= set(available):
-    raise sources.DataError(
+    raise input_errors.DataError(
         f'tfds dataset {settings.name!r} has features {available}, not '
         f'{languages}; set data.tfds.source_language/target_language to two '
         'of them')
@@ -51,7 +51,7 @@ def read(data_config: ml_collections.ConfigDict, split: str
   try:
     dataset = builder.as_dataset(split=tfds_split)
   except (ValueError, KeyError) as e:
-    raise sources.DataError(f'tfds dataset {settings.name!r} has no split {tfds_split!r} '
+    raise input_errors.DataError(f'tfds dataset {settings.name!r} has no split {tfds_split!r} '
                     f'({e}); set data.tfds.{split}_split') from None
   pairs = dataset.map(lambda example: tuple(example[lang] for lang in languages))
   for source_batch, target_batch in pairs.batch(4096).as_numpy_iterator():

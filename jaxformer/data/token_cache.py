@@ -53,12 +53,12 @@ import ml_collections
 import numpy as np
 
 from jaxformer.storage import paths
+from jaxformer.data import input_errors
 from jaxformer.data import source_pieces
 from jaxformer.data import sources
 from jaxformer.data import token_shards
 from jaxformer.data import tokenizer as tokenizer_lib
 from jaxformer.data.ragged_tokens import SIDES, RaggedTokens, TokenizedSplit
-from jaxformer.data.ragged_tokens import concatenate  # noqa: F401 (API)
 
 FORMAT = 1
 SHARD_EXAMPLES = 1 << 20
@@ -92,7 +92,7 @@ def _chunks(items: Iterable, size: int) -> Iterator[list]:
     yield chunk
 
 
-def encoded_shards(pairs: Iterable[sources.Pair],
+def encoded_shards(pairs: Iterable[input_errors.Pair],
                    source_tok: tokenizer_lib.Tokenizer,
                    target_tok: tokenizer_lib.Tokenizer,
                    ) -> Iterator[dict[str, np.ndarray]]:
@@ -156,7 +156,7 @@ def _file_identity(path: str) -> list:
   try:
     return [paths.absolute(path), *paths.stat(path)]
   except FileNotFoundError:
-    raise sources.MissingFileError(
+    raise input_errors.MissingFileError(
         f'{path}: no such file; check the path in the data config') from None
 
 

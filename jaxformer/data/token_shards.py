@@ -127,7 +127,7 @@ def encode_piece(data_config: ml_collections.ConfigDict,
     chunk.clear()
     numbers.clear()
 
-  for number, record in source_pieces.read_piece(data_config, piece):
+  for number, record in sources.read_piece(data_config, piece):
     kind, texts = columns_of(record, encoding, data_config,
                              lambda: piece.where(number))
     if variant is None:

@@ -24,6 +24,7 @@ import numpy as np
 import sentencepiece as spm
 
 from jaxformer.storage import paths
+from jaxformer.data import input_errors
 from jaxformer.data import labelled
 from jaxformer.data import mixture
 from jaxformer.data import sources
@@ -205,7 +206,7 @@ def _given_model_paths(tok_config: ml_collections.ConfigDict) -> tuple[str, ...]
 
 def _counted_train_pairs(data_config: ml_collections.ConfigDict,
                          with_labels: bool = False
-                         ) -> tuple[int, Iterable[sources.Pair]]:
+                         ) -> tuple[int, Iterable[input_errors.Pair]]:
   """(how many, the pairs) of the train split; files are counted now and
   read when the pairs are. `with_labels`: the split's examples are texts
   or sentence pairs with a label (`labelled.read_split`); their texts are
@@ -223,7 +224,7 @@ def _counted_train_pairs(data_config: ml_collections.ConfigDict,
 
 
 def _sample(data_config: ml_collections.ConfigDict, with_labels: bool = False
-            ) -> Iterator[sources.Pair]:
+            ) -> Iterator[input_errors.Pair]:
   """A seeded sample of data.tokenizer.sample_size train pairs (of all the
   sources of a mixture together), in split order.  Files are read in two
   streaming passes (count, then collect), so only the sample is ever in

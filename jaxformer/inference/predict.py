@@ -12,7 +12,7 @@ import ml_collections
 import numpy as np
 
 from jaxformer.inference import generation
-from jaxformer.data import chat_template, labelled, task_batches
+from jaxformer.data import chat_template, labelled
 from jaxformer.data.hf_tokenizer import HFTokenizer
 from jaxformer.data.tokenizer import Tokenizer, cut_to_tokens
 from jaxformer.model import ModelConfig
@@ -56,7 +56,7 @@ def encode_rows(tokenizer: Tokenizer, model_config: ModelConfig,
   'inputs_token_types'; else jaxformer's tokens cut to `width`."""
   if not model_config.type_vocab_size:
     ids = tokenizer.encode([cut_to_tokens(t, width + 1) for t in texts])
-    return task_batches.pad_token_rows(ids, _bucket(ids, width))
+    return labelled.pad_token_rows(ids, _bucket(ids, width))
   pairs = [_pair(text) for text in texts]
   encoded = tokenizer.encode_pairs(pairs)
   for i, row_and_types in enumerate(encoded):
@@ -71,8 +71,8 @@ def encode_rows(tokenizer: Tokenizer, model_config: ModelConfig,
                     else labelled.cut_pair(*row_and_types, width))
   ids, types = [row for row, _ in encoded], [t for _, t in encoded]
   padded = _bucket(ids, width)
-  rows = task_batches.pad_token_rows(ids, padded)
-  rows['inputs_token_types'] = task_batches.pad_token_rows(
+  rows = labelled.pad_token_rows(ids, padded)
+  rows['inputs_token_types'] = labelled.pad_token_rows(
       types, padded)['inputs']
   return rows
 

@@ -28,9 +28,6 @@ bias and LayerNorm gradients (0.8 MiB in all). Nothing in it reshards
 activations between layers.
 """
 import contextlib
-import importlib.util
-import os
-import sys
 from collections.abc import Mapping, Sequence
 
 import jax

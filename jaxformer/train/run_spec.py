@@ -66,9 +66,9 @@ def with_labels(config: ml_collections.ConfigDict) -> ml_collections.ConfigDict:
     return config
   # Here, not at the top: the batches bring TensorFlow, which the commands
   # that only load a model do without.
-  from jaxformer.data import task_batches
+  from jaxformer.data import row_layouts
   config = _copy(config)
-  config.data.labels = task_batches.labels_of(config.data)
+  config.data.labels = row_layouts.labels_of(config.data)
   config.model.num_classes = len(config.data.labels)
   return config
 

@@ -7,9 +7,9 @@ import pytest
 
 from jaxformer.checkpoints.exports import without_machine_paths
 from jaxformer.config import settings
-from jaxformer.data import builtin, mixture, pipeline, task_batches
+from jaxformer.data import builtin, mixture, pipeline, row_layouts, task_batches
 from jaxformer.data import tokenizer as tokenizer_lib
-from jaxformer.data.sources import DataError, MissingFileError
+from jaxformer.data.input_errors import DataError, MissingFileError
 from jaxformer.parallel.row_share import RowShare
 from jaxformer.run import goodput
 from test_pipeline import assert_equal_batches
@@ -210,7 +210,7 @@ def test_the_tokenizer_and_labels_come_from_every_source(files, tmp_path):
   assert len(texts) == 2 * (len(PAIRS) + 20)
   labelled = [write_tsv(tmp_path / f'{n}.tsv', [('x', label), ('y', '10')])
               for n, label in (('c', '2'), ('d', '9'))]
-  assert task_batches.labels_of(mixed_config(labelled)) == ['2', '9', '10']
+  assert row_layouts.labels_of(mixed_config(labelled)) == ['2', '9', '10']
 
 
 # --------------------------------------------------------------- validation

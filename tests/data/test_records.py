@@ -13,7 +13,7 @@ import pytest
 from jaxformer.data import labelled
 from jaxformer.data import lm_rows
 from jaxformer.data import sources
-from jaxformer.data import task_batches
+from jaxformer.data import row_layouts
 from jaxformer.data import token_cache
 
 from test_row_cache import PAIRS, TEXTS, all_rows, assert_same, run_config
@@ -76,7 +76,7 @@ def test_classes_of_texts_and_of_sentence_pairs(tmp_path, tok, source):
       for (s, t), label in zip(PAIRS, labels)])
   for path, texts in ((single, TEXTS), (pairs, PAIRS)):
     config = run_config('classification', source, path)
-    assert task_batches.labels_of(config.data) == ['0', '1', '2']
+    assert row_layouts.labels_of(config.data) == ['0', '1', '2']
     config.data.labels = ['0', '1', '2']
     ids, types = labelled.encode(tok, texts, 12)
     expected = labelled.pad_token_rows(ids, 12)

@@ -7,7 +7,7 @@ from jaxformer.data import builtin
 from jaxformer.data.defaults import default_data_config
 from jaxformer.data import sources
 from jaxformer.data.sources import DataError
-from jaxformer.data.sources import MissingFileError
+from jaxformer.data.input_errors import MissingFileError
 
 PAIRS = [('a small house .', 'ein kleines Haus .'),
          ('two cats', 'zwei Katzen'),

@@ -9,6 +9,7 @@ import weakref
 import numpy as np
 import pytest
 
+from jaxformer.data import input_errors
 from jaxformer.data import pipeline
 from jaxformer.data import sources
 from jaxformer.data import token_cache
@@ -145,7 +146,7 @@ def test_every_host_reads_the_folder_of_process_0s_key(tmp_path, tok):
                               token_cache.SharedCache(cache, as_process_0))
   token_cache._open_splits.clear()
   elsewhere = tsv_config(str(tmp_path / 'host1.tsv'))  # Not on this host.
-  with pytest.raises(sources.MissingFileError):
+  with pytest.raises(input_errors.MissingFileError):
     token_cache.cache_key(elsewhere, 'train', tok, tok)
   examples = token_cache.tokenized_split(
       elsewhere, 'train', tok, tok,
