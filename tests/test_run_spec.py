@@ -105,3 +105,24 @@ def test_real_tokens_count_segments_not_token_ids():
            'inputs_segment_ids': np.array([[1, 1, 0]]),
            'targets': np.array([[7, 3, 0]])}
   assert log_window.real_tokens(local) == 2 + 2
+
+
+class _Vocabulary:
+  def __init__(self, vocab_size):
+    self.vocab_size, self.pad_id, self.eos_id = vocab_size, 0, 1
+
+
+@pytest.mark.parametrize('pretrained, tokenizer, model', [
+    ('', 409, 409),           # A fresh model: the tokenizer's ids.
+    ('exports/qwen', 409, 432),  # An import's padded table is kept...
+    ('exports/qwen', 440, 440),  # ...unless the tokenizer outgrows it.
+])
+def test_a_finetune_keeps_its_imports_padded_vocabulary(pretrained, tokenizer,
+                                                        model):
+  config = ml_collections.ConfigDict(dict(
+      init=dict(pretrained=pretrained),
+      model=dict(vocab_size=432, target_vocab_size=0, pad_id=0, eos_id=1)))
+  tok = _Vocabulary(tokenizer)
+  resolved = run_spec.with_vocabulary(config, tok, tok)
+  assert resolved.model.vocab_size == model
+  assert resolved.model.target_vocab_size == 0

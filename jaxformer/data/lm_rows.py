@@ -25,7 +25,9 @@ as Hugging Face's does: its prompt/response rows start with that token
                      BOS, the prompt's first token (the row's targets then
                      begin with its second).
   'chat'             one conversation a line, JSON {"messages": [...]}
-                     (data.source=text), rendered with the tokenizer's chat
+                     (data.source=text; or records whose 'messages' field
+                     holds the list, data.source=jsonl or parquet),
+                     rendered with the tokenizer's chat
                      template (data/chat_template.py): one per row, laid
                      out as 'prompt_response', the loss on the assistant's
                      tokens (as apply_chat_template's assistant mask).
@@ -136,18 +138,22 @@ def masked_rows(examples: Sequence[tuple[list[int], list[int]]], width: int,
   return rows
 
 
+def chat_example(tokenizer, template: str, messages: Sequence[dict]
+                 ) -> tuple[list[int], list[int]]:
+  """(ids, assistant mask) of a checked conversation, without the BOS the
+  template writes (the model's start token stands for it)."""
+  ids, mask = chat_template.conversation_ids(tokenizer, template, messages)
+  if len(_without_bos(tokenizer, ids)) < len(ids):
+    ids, mask = ids[1:], mask[1:]
+  return ids, mask
+
+
 def chat_examples(tokenizer, lines: Sequence[str], split: str
                   ) -> list[tuple[list[int], list[int]]]:
-  """(ids, assistant mask) of each conversation line, without the BOS
-  the template writes (the model's start token stands for it)."""
+  """`chat_example` of each conversation line."""
   template = chat_template.template_of(tokenizer)
-  examples = []
-  for messages in chat_template.read_conversations(lines, split):
-    ids, mask = chat_template.conversation_ids(tokenizer, template, messages)
-    if len(_without_bos(tokenizer, ids)) < len(ids):
-      ids, mask = ids[1:], mask[1:]
-    examples.append((ids, mask))
-  return examples
+  return [chat_example(tokenizer, template, messages)
+          for messages in chat_template.read_conversations(lines, split)]
 
 
 def language_model_rows(data_config, texts: Sequence[str],

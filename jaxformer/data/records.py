@@ -26,6 +26,8 @@ from jaxformer.storage import paths
 
 NAMED_SOURCES = ('jsonl', 'parquet')
 LABEL = 'label'
+# The field of a chat record that holds its list of messages.
+MESSAGES = 'messages'
 _BATCH_ROWS = 4096
 
 
@@ -91,6 +93,8 @@ def _lookup(record: dict, key: str):
 def _as_text(value, name: str, where: Callable[[], str], key: str) -> str:
   if isinstance(value, str):
     return value
+  if name == MESSAGES and isinstance(value, list):
+    return json.dumps({'messages': value})  # As a chat line holds it.
   if name == LABEL and isinstance(value, (bool, int, float)):
     return str(int(value)) if isinstance(value, bool) else str(value)
   if (name == LABEL and isinstance(value, list) and value and

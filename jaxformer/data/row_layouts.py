@@ -6,6 +6,8 @@ rows (row_tables.py):
 
   lm_packed           'text' -> documents (text + EOS) packed into rows
   lm_prompt_response  'prompt', 'response' -> one pair per row
+  lm_chat             a conversation ('text': its JSON line, or a record's
+                      'messages') -> its ids and assistant mask, one per row
   classification      'text' or 'text_a', 'text_b'; 'label' (a class name)
   regression          the same; 'label' holds numbers
 
@@ -15,6 +17,7 @@ pieces) and opens it; with no cache directory, into a temporary folder.
 
 from __future__ import annotations
 
+import json
 import tempfile
 import time
 import weakref
@@ -23,8 +26,10 @@ from collections.abc import Sequence
 import ml_collections
 import numpy as np
 
+from jaxformer.data import chat_template
 from jaxformer.data import lm_rows
 from jaxformer.data import mixture as mixture_lib
+from jaxformer.data import records
 from jaxformer.data import row_tables
 from jaxformer.data import source_pieces
 from jaxformer.data import sources
@@ -50,6 +55,23 @@ def _pairs(tokenizer, texts, data_config, where):
           'fields)')
   return {'prompt': lm_rows.document_ids(tokenizer, [t[0] for t in texts]),
           'response': lm_rows.document_ids(tokenizer, [t[1] for t in texts])}
+
+
+def _conversations(tokenizer, texts, data_config, where):
+  template = chat_template.template_of(tokenizer)
+  ids, masks = [], []
+  for number, (line,) in enumerate(texts):
+    try:
+      conversation = json.loads(line)
+    except json.JSONDecodeError as e:
+      raise chat_template.ChatError(f'{where(number)}: not JSON ({e.msg}); '
+                                    'data.lm_rows=chat reads one JSON '
+                                    'conversation a line') from None
+    messages = chat_template.check_conversation(conversation, where(number))
+    example_ids, mask = lm_rows.chat_example(tokenizer, template, messages)
+    ids.append(example_ids)
+    masks.append(mask)
+  return {'tokens': ids, 'assistant_mask': masks}
 
 
 def _inputs(tokenizer, texts):
@@ -83,6 +105,8 @@ ENCODINGS = {encoding.name: encoding for encoding in (
     Encoding('lm_packed', (('text',),), {'text': 'tokens'}, _documents),
     Encoding('lm_prompt_response', (('prompt', 'response'),),
              {'prompt': 'tokens', 'response': 'tokens'}, _pairs),
+    Encoding('lm_chat', (('text',), (records.MESSAGES,)),
+             {'tokens': 'tokens', 'assistant_mask': 'types'}, _conversations),
     Encoding('classification', TEXTS, {**_INPUTS, 'label': 'strings'},
              _classes),
     Encoding('regression', TEXTS, {**_INPUTS, 'values': 'numbers'}, _values),
@@ -243,10 +267,15 @@ def _document_rows(config, split, tokenizer, opened_split):
                             f'{list(lm_rows.LM_ROWS)}')
   opened = opened_split(ENCODINGS[f'lm_{layout}'])
   width = config.data.max_target_length
+  first_is_input = lm_rows.first_token_is_input(tokenizer)
   if layout == 'packed':
     return row_tables.PackedRows(opened.ragged('text'), width)
+  if layout == 'chat':
+    return row_tables.MaskedRows(
+        opened.ragged('tokens'), opened.ragged('assistant_mask', tokens=False),
+        width, first_is_input)
   return row_tables.PairRows(opened.ragged('prompt'), opened.ragged('response'),
-                             width, lm_rows.first_token_is_input(tokenizer))
+                             width, first_is_input)
 
 
 def _label_maps(opened, config, split) -> list[np.ndarray]:

@@ -36,7 +36,8 @@ class ArrayRows:
     return batch
 
 
-def as_table(rows) -> ArrayRows | PackedRows | PairRows | LabelledRows:
+def as_table(rows) -> (ArrayRows | PackedRows | PairRows | MaskedRows
+                        | LabelledRows):
   return ArrayRows(rows) if isinstance(rows, dict) else rows
 
 
@@ -165,6 +166,24 @@ class PairRows:
       pairs.append((prompt[:-1] + response, len(prompt) - 1))
     return _placed(lm_rows.pair_rows(pairs, self.width, self.first_is_input),
                    chosen)
+
+
+class MaskedRows:
+  """One (ids, loss mask) example per row (as `lm_rows.masked_rows`): a
+  conversation and its assistant mask."""
+
+  def __init__(self, ids: ShardedRagged, masks: ShardedRagged, width: int,
+               first_is_input: bool):
+    self.ids, self.masks = ids, masks
+    self.width, self.first_is_input = width, first_is_input
+    self.num_rows = ids.num_examples
+
+  def take(self, chosen: np.ndarray) -> Batch:
+    examples = [(self.ids.example(row).tolist(),
+                 self.masks.example(row).tolist())
+                for row in chosen[chosen >= 0]]
+    return _placed(lm_rows.masked_rows(examples, self.width,
+                                       self.first_is_input), chosen)
 
 
 class LabelledRows:

@@ -50,13 +50,28 @@ def with_vocabulary(config: ml_collections.ConfigDict, source_tok: Tokenizer,
         f'the source vocabulary pads with id {source_tok.pad_id}, the '
         f'target one with {target_tok.pad_id}; the model has one pad id')
   config = _copy(config)
-  config.model.vocab_size = source_tok.vocab_size
-  config.model.target_vocab_size = (
-      0 if target_tok.vocab_size == source_tok.vocab_size
-      else target_tok.vocab_size)
+  if not _keeps_pretrained_vocabulary(config, source_tok, target_tok):
+    config.model.vocab_size = source_tok.vocab_size
+    config.model.target_vocab_size = (
+        0 if target_tok.vocab_size == source_tok.vocab_size
+        else target_tok.vocab_size)
   config.model.pad_id = source_tok.pad_id
   config.model.eos_id = target_tok.eos_id
   return config
+
+
+def _keeps_pretrained_vocabulary(config: ml_collections.ConfigDict,
+                                 source_tok: Tokenizer,
+                                 target_tok: Tokenizer) -> bool:
+  """Whether a fine-tune keeps its export's vocabulary: an imported model's
+  embedding table may hold more rows than its tokenizer has ids (hubs pad
+  it, e.g. Qwen2's 151,936 rows for 151,665 ids), and its tokenizers fit."""
+  if not config.get('init', {}).get('pretrained', ''):
+    return False
+  model = config.model
+  return (source_tok.vocab_size <= model.vocab_size and
+          target_tok.vocab_size <= (model.get('target_vocab_size', 0)
+                                    or model.vocab_size))
 
 
 def with_labels(config: ml_collections.ConfigDict) -> ml_collections.ConfigDict:

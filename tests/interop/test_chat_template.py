@@ -163,6 +163,36 @@ def test_chat_rows_train_on_the_assistant_tokens(style):
     assert not rows['targets_segment_ids'][row, length:].any()
 
 
+@pytest.mark.parametrize('source', ['text', 'jsonl'])
+def test_chat_rows_from_the_token_cache_are_the_rows_made_in_memory(
+    style, source, tmp_path):
+  """The input engine's chat rows (a JSON line of data.source=text, or a
+  record's 'messages' of data.source=jsonl), tokenized in pieces, equal
+  `language_model_rows`' of the whole split."""
+  import ml_collections
+  import numpy as np
+  from jaxformer.data import lm_rows, task_batches
+  from jaxformer.data.defaults import default_data_config
+  ours, _ = style
+  lines = [json.dumps({'messages': c, 'id': i})
+           for i, c in enumerate(CONVERSATIONS * 4)]
+  (tmp_path / 'chat.jsonl').write_text('\n'.join(lines) + '\n')
+  config = ml_collections.ConfigDict(dict(
+      task='language_model', model=dict(), init=dict(pretrained=''),
+      data=default_data_config()))
+  config.data.update(source=source, lm_rows='chat', max_target_length=300,
+                     token_cache_piece_bytes=600)
+  config.data[source].train = str(tmp_path / 'chat.jsonl')
+  table = task_batches.task_table(config, 'train', ours,
+                                  str(tmp_path / 'cache'))
+  rows = table.take(np.arange(table.num_rows))
+  expected = lm_rows.language_model_rows(config.data, lines,
+                                         [''] * len(lines), 'train', ours)
+  assert sorted(rows) == sorted(expected)
+  for key in expected:
+    np.testing.assert_array_equal(rows[key], expected[key], err_msg=key)
+
+
 def test_generate_chat_prompts_are_the_generation_prompt(style):
   """`generate --chat`: a line of JSON is a conversation, any other text
   a user's message; both rendered with the generation prompt."""
