@@ -52,3 +52,45 @@ def test_a_killed_lora_finetune_resumes_bitwise(setup, tmp_path,
       lambda workdir: train_process(workdir, f'{CONFIG}:tsv', flags,
                                     process_environment),
       process_output, tmp_path, steps)
+
+
+@pytest.mark.slow
+def test_a_chat_lora_finetune_of_a_padded_import_trains(tmp_path):
+  """configs/finetune_lora.py as docs/finetune-llama.md runs it: a Qwen2
+  import whose embedding table is padded past its tokenizer's ids, chat
+  JSONL rendered with its template; the base comes out bitwise, the loss
+  falls on the assistant's tokens."""
+  import json
+  import pathlib
+  import sys
+  sys.path.insert(0, str(pathlib.Path(__file__).parent / 'interop'))
+  import llama_folders  # pylint: disable=import-outside-toplevel
+  from jaxformer.cli import main as cli
+  folder, export = str(tmp_path / 'hf'), str(tmp_path / 'import')
+  llama_folders.write_folder(folder, 'qwen2-mqa-tied-bf16')
+  assert cli.main(['import', '--from', folder, '--out', export]) == 0
+  imported = trained.load(export)
+  assert imported.model_config.vocab_size > imported.source_tok.vocab_size
+  conversation = {'messages': [
+      {'role': 'user', 'content': 'what is two plus two'},
+      {'role': 'assistant', 'content': 'four'}]}
+  for split in ('train', 'dev'):
+    (tmp_path / f'{split}.jsonl').write_text(
+        (json.dumps(conversation) + '\n') * 16)
+  config = load_config(
+      f'{CONFIG.replace("finetune_lm", "finetune_lora")}:1b', [
+          f'init.pretrained={export}',
+          f'data.text.train={tmp_path}/train.jsonl',
+          f'data.text.dev={tmp_path}/dev.jsonl', 'data.batch_size=8',
+          'data.max_target_length=64', 'model.max_len=64',
+          'model.lora.dropout=0', 'train.num_steps=6', 'train.warmup_steps=1',
+          'train.learning_rate=1e-2', 'train.log_every=1',
+          'train.peak_flops=1e9', 'eval.every=0'])
+  Trainer(config, str(tmp_path / 'run')).run()
+  losses = [r['loss'] for r in read_metrics(str(tmp_path / 'run'))
+            if 'loss' in r]
+  assert losses[-1] < losses[0], losses
+  start, tuned = _flat(trained.load(export).params), _flat(
+      trained.load(str(tmp_path / 'run')).params)
+  for path in start:
+    assert tuned[path].tobytes() == start[path].tobytes(), path
