@@ -22,8 +22,11 @@ class EventFile:
   def __init__(self, directory: str):
     from tensorboardX.proto import event_pb2, summary_pb2
     self._event_pb2, self._summary_pb2 = event_pb2, summary_pb2
-    name = (f'events.out.tfevents.{int(time.time()):010d}.'
-            f'{socket.gethostname()}.{time.time_ns() % 10**9}')
+    # Zero-padded, so that a restart within the same second sorts after
+    # the part before it (TensorBoard reads the parts in name order).
+    now = time.time_ns()
+    name = (f'events.out.tfevents.{now // 10**9:010d}.'
+            f'{socket.gethostname()}.{now % 10**9:09d}')
     self._file = paths.AppendableFile(paths.join(directory, name))
     self._write(event_pb2.Event(wall_time=time.time(),
                                 file_version='brain.Event:2'))
