@@ -67,6 +67,11 @@ def leave_without_exit_hooks() -> None:
       phase('leaving the distributed runtime')
       jax.distributed.shutdown()
   phase('exit (the checkpoint is committed: no exit hooks)')
+  _end_now()
+
+
+def _end_now() -> None:
+  """Ends the process with 0 at once, its output flushed."""
   for stream in (sys.stdout, sys.stderr):
     try:
       stream.flush()
@@ -88,11 +93,6 @@ def bound_exit(seconds: float = EXIT_SECONDS) -> None:
     print(f'jaxformer: exiting took over {seconds:.0f} s after the '
           f'checkpoint was committed (in: {_phase}); ending the process.',
           file=sys.stderr, flush=True)
-    for stream in (sys.stdout, sys.stderr):
-      try:
-        stream.flush()
-      except (OSError, ValueError):
-        pass
-    os._exit(0)
+    _end_now()
   threading.Thread(target=watch, daemon=True,
                    name='jaxformer-exit-bound').start()
