@@ -256,8 +256,8 @@ def check_files(mixture: Mixture) -> None:
       if not paths.exists(path) and not (
           any(c in path for c in paths.WILDCARDS) and
           paths.matching_files(path)):
-        raise input_errors.MissingFileError(f'{path}: no such file ({where}); '
-                                       'check the path')
+        raise input_errors.MissingFileError(
+            f'{path}: no such file ({where}); check the path')
 
 
 

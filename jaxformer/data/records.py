@@ -53,8 +53,9 @@ def _parquet_file(path: str):
   try:
     return pq.ParquetFile(stream)
   except Exception as e:  # pyarrow raises several types for a bad file.
-    raise input_errors.DataError(f'{path}: not a Parquet file ({e}); point '
-                            'data.parquet at .parquet files') from None
+    raise input_errors.DataError(f'{path}: not a Parquet file ({e}); '
+                                 'point data.parquet at .parquet files'
+                                 ) from None
 
 
 def parquet_row_groups(path: str) -> int:

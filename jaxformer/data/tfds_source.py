@@ -51,8 +51,9 @@ def read(data_config: ml_collections.ConfigDict, split: str
   try:
     dataset = builder.as_dataset(split=tfds_split)
   except (ValueError, KeyError) as e:
-    raise input_errors.DataError(f'tfds dataset {settings.name!r} has no split {tfds_split!r} '
-                    f'({e}); set data.tfds.{split}_split') from None
+    raise input_errors.DataError(
+        f'tfds dataset {settings.name!r} has no split {tfds_split!r} ({e}); '
+        f'set data.tfds.{split}_split') from None
   pairs = dataset.map(lambda example: tuple(example[lang] for lang in languages))
   for source_batch, target_batch in pairs.batch(4096).as_numpy_iterator():
     yield from ((source.decode(), target.decode())
