@@ -54,6 +54,14 @@ def save_steps(workdir, config, tok, states) -> str:
   return str(workdir)
 
 
+def one_step_run(tmp_path_factory) -> tuple[str, object]:
+  """(a workdir holding a random translator's step 1, its config)."""
+  tok = tokenizer(tmp_path_factory.mktemp('tokenizer'))
+  config = config_for(tok)
+  return save_steps(tmp_path_factory.mktemp('run'), config, tok,
+                    {1: random_state(config)}), config
+
+
 def config_for(tok, **train):
   """The runlocal quick start's config with `tok`'s vocabulary, 4 test
   sentences and the given train.* values."""

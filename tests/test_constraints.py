@@ -58,10 +58,7 @@ def test_rows_without_phrases_decode_as_plain_beam_search():
 
 @pytest.fixture(scope='module')
 def workdir(tmp_path_factory):
-  tok = random_run.tokenizer(tmp_path_factory.mktemp('tokenizer'))
-  config = random_run.config_for(tok)
-  return random_run.save_steps(tmp_path_factory.mktemp('run'), config, tok,
-                               {1: random_run.random_state(config)})
+  return random_run.one_step_run(tmp_path_factory)[0]
 
 
 def test_translate_under_constraints_contains_each_phrase(workdir, tmp_path,

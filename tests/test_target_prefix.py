@@ -96,10 +96,7 @@ def _picked_logprob(config, params, inputs, tokens, where):
 
 @pytest.fixture(scope='module')
 def workdir(tmp_path_factory):
-  tok = random_run.tokenizer(tmp_path_factory.mktemp('tokenizer'))
-  config = random_run.config_for(tok)
-  return random_run.save_steps(tmp_path_factory.mktemp('run'), config, tok,
-                               {1: random_run.random_state(config)})
+  return random_run.one_step_run(tmp_path_factory)[0]
 
 
 SOURCES = ['she bought forty-two red apples .', 'he sold three books .', '',

@@ -79,11 +79,7 @@ def test_scores_equal_comet_predict(folders, name, monkeypatch):
 @pytest.fixture(scope='module')
 def run(tmp_path_factory):
   """(a random-weight translation workdir, its config)."""
-  vocabulary = random_run.tokenizer(tmp_path_factory.mktemp('tokenizer'))
-  config = random_run.config_for(vocabulary)
-  return random_run.save_steps(tmp_path_factory.mktemp('run'), config,
-                               vocabulary,
-                               {1: random_run.random_state(config, 0)}), config
+  return random_run.one_step_run(tmp_path_factory)
 
 
 @pytest.mark.slow
