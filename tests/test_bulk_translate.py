@@ -21,7 +21,7 @@ import pytest
 from jaxformer.cli import main as cli
 from jaxformer.cli import model_commands
 from jaxformer.data import builtin
-from jaxformer.inference import bulk, bulk_decoders, provenance
+from jaxformer.inference import bulk, provenance, translator
 from jaxformer.inference.chunks import Parts, Plan, length_batches, chunk_name
 from jaxformer.storage import paths
 
@@ -295,14 +295,14 @@ def load(workdir):
       workdir=workdir, checkpoint=None, command='translate'), [])
 
 
-def settings(**changes) -> bulk_decoders.TranslateSettings:
+def settings(**changes) -> translator.TranslateSettings:
   values = dict(batch_size=8, chunk_batches=2, beam_size=1, alpha=0.6,
                 max_extra_len=16, max_source_length=40)
-  return bulk_decoders.TranslateSettings(**dict(values, **changes))
+  return translator.TranslateSettings(**dict(values, **changes))
 
 
 def translate_corpus(model, files, out, settings, stop):
-  return bulk.decode_corpus(bulk_decoders.Translation(model, settings),
+  return bulk.decode_corpus(translator.Translation([model], settings),
                             files, out, {}, stop)
 
 

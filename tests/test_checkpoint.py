@@ -19,7 +19,7 @@ import pytest
 from jaxformer.checkpoints import manager as checkpoint_lib
 from jaxformer.cli import main as cli
 from jaxformer.config import resume
-from jaxformer.inference import evaluate
+from jaxformer.inference import translator
 from jaxformer.parallel import mesh as mesh_lib
 from jaxformer.config.settings import default_config, load_config
 from jaxformer.data import builtin
@@ -448,10 +448,11 @@ def test_exports_from_the_command_line_load_and_translate(
   saved_items = ocp.StandardCheckpointer().metadata(
       str(tmp_path / 'averaged' / 'params')).item_metadata
   assert set(saved_items) == set(params)
-  lines = list(evaluate.translate(
-      averaged, model.model_config, model.source_tok, model.target_tok,
-      ['she bought forty-two red apples .', ''], beam_size=1,
-      max_extra_len=4, batch_size=2))
+  lines = list(translator.translate_lines(translator.Translation(
+      [model], translator.TranslateSettings(
+          batch_size=2, chunk_batches=1, beam_size=1, alpha=0.6,
+          max_extra_len=4, max_source_length=model.model_config.max_len)),
+      ['she bought forty-two red apples .', '']))
   assert len(lines) == 2 and lines[1] == ''
 
 

@@ -74,22 +74,36 @@ def decode_choices(args, config) -> tuple[int, float, int]:
           pick(args.max_extra_len, config.decode.max_extra_len))
 
 
-def _bulk_translation(args, overrides):
-  """(input files, the decoder of `translate --output`, the manifest's
-  words on the model)."""
-  from jaxformer.inference import bulk_decoders as decoders
-  from jaxformer.inference import provenance
-  files = input_files(args.input)  # A bad glob fails before the model loads.
-  model = load_translator(args, overrides)
-  beam, alpha, extra = decode_choices(args, model.config)
-  settings = decoders.TranslateSettings(
+def _translation(args, overrides, per_line: dict):
+  """The `translator.Translation` of `translate`'s flags: the models of
+  --workdir and --ensemble, decoding as the flags (else the first model's
+  decode.*) say, under `per_line`'s prefixes and constraints."""
+  from jaxformer.inference import translator
+  members = translation_flags.members(args, overrides, load_translator)
+  config = members[0].config
+  beam, alpha, extra = decode_choices(args, config)
+  settings = translator.TranslateSettings(
       batch_size=args.batch_size, chunk_batches=args.chunk_batches,
       invalid_utf8=args.invalid_utf8, beam_size=beam, alpha=alpha,
       max_extra_len=extra,
-      max_source_length=model.config.data.max_source_length,
+      max_source_length=config.data.max_source_length,
       on_too_long=args.on_too_long, target_prefix=args.target_prefix or '')
-  return (files, decoders.Translation(model, settings),
-          provenance.model_identity(model))
+  return translator.Translation(members, settings, **per_line)
+
+
+def _bulk_translation(args, overrides):
+  """(input files, the decoder of `translate --output`, the manifest's
+  words on the models and the per-line files)."""
+  from jaxformer.inference import bulk, provenance
+  files = input_files(args.input)  # A bad glob fails before the model loads.
+  per_line = translation_flags.per_line(args)
+  translation = _translation(args, overrides, per_line)
+  if any(per_line.values()):
+    translation.check_count(sum(1 for _ in bulk.read_lines(
+        files, args.invalid_utf8)))
+  return (files, translation,
+          dict(provenance.model_identity(translation.members[0]),
+               **translation.identity()))
 
 
 def _bulk_generation(args, overrides):
@@ -114,27 +128,13 @@ def _bulk_generation(args, overrides):
 
 
 def cmd_translate(args, overrides) -> int:
-  prefixes = translation_flags.prefixes(args)
-  constraints = translation_flags.constraints(args)
-  members = translation_flags.ensemble(args, overrides, load_translator)
   if args.output:
     from jaxformer.cli import bulk_commands
     return bulk_commands.cmd_bulk(args, overrides, _bulk_translation)
-  from jaxformer.inference import ensemble, evaluate
-  model = members[0] if members else load_translator(args, overrides)
-  config = model.config
-  stream = input_lines(args)
-  beam, alpha, extra = decode_choices(args, config)
-  settings = dict(
-      beam_size=beam, alpha=alpha, max_extra_len=extra,
-      batch_size=args.batch_size,
-      max_source_length=config.data.max_source_length,
-      on_too_long=args.on_too_long, prefixes=prefixes,
-      warn=lambda text: print(text, file=sys.stderr), **constraints)
-  for line in (ensemble.translate(members, stream, **settings) if members
-               else evaluate.translate(model.params, model.model_config,
-                                       model.source_tok, model.target_tok,
-                                       stream, **settings)):
+  from jaxformer.inference import translator
+  per_line = translation_flags.per_line(args)
+  translation = _translation(args, overrides, per_line)
+  for line in translator.translate_lines(translation, input_lines(args)):
     print(line, flush=True)
   return 0
 
@@ -184,18 +184,20 @@ def cmd_evaluate(args, overrides) -> int:
   report), an export's never (cli/workdir_data.py)."""
   from jaxformer.checkpoints import trained
   from jaxformer.cli import workdir_data
-  from jaxformer.inference import ensemble, evaluate
+  from jaxformer.inference import evaluate, translator
   scorer = translation_flags.comet_model(args)
   data = workdir_data.workdir_data(args.workdir, overrides)
   overrides = [*overrides, *(f'--config.{k}={v}' for k, v in data.items())]
-  members = translation_flags.ensemble(args, overrides, load_translator)
-  model = members[0] if members else load_translator(args, overrides)
-  scores, hypotheses = (ensemble.decode_split(
-      members, args.split, beam_size=args.beam, alpha=args.alpha) if members
-                        else evaluate.decode_split(
-      model.params, model.model_config, model.config, model.source_tok,
-      model.target_tok, args.split, trained.local_mesh(),
-      beam_size=args.beam, alpha=args.alpha))
+  members = translation_flags.members(args, overrides, load_translator)
+  model = members[0]
+  if len(members) > 1:
+    scores, hypotheses = translator.decode_split(
+        _evaluated_ensemble(args, members), model.config.data, args.split)
+  else:
+    scores, hypotheses = evaluate.decode_split(
+        model.params, model.model_config, model.config, model.source_tok,
+        model.target_tok, args.split, trained.local_mesh(),
+        beam_size=args.beam, alpha=args.alpha)
   scores.update(translation_flags.comet_report(scorer, model.config.data,
                                                args.split, hypotheses))
   report = dict(scores, split=args.split, weights=model.weights,
@@ -238,6 +240,20 @@ def add_output_args(p, what: str, batches: str) -> None:
       'command resumes a stopped run (default: stdout, as they come)')
   p.add_argument('--chunk-batches', type=POSITIVE_INT, default=16,
                  help=f'with --output: batches per committed chunk ({batches})')
+
+
+def _evaluated_ensemble(args, members):
+  """The `translator.Translation` by which `evaluate --ensemble` decodes a
+  split: as the first member's decode.* say, unless --beam / --alpha."""
+  from jaxformer.inference import translator
+  config = members[0].config
+  settings = translator.TranslateSettings(
+      batch_size=config.decode.batch_size, chunk_batches=1,
+      beam_size=config.decode.beam_size if args.beam is None else args.beam,
+      alpha=config.decode.alpha if args.alpha is None else args.alpha,
+      max_extra_len=config.decode.max_extra_len,
+      max_source_length=config.data.max_source_length)
+  return translator.Translation(members, settings)
 
 
 def add_parsers(commands) -> None:

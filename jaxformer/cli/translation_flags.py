@@ -1,7 +1,7 @@
 """The flags of `translate` and `evaluate` that steer what a translation
 holds and which models decode it: a target prefix (`--target-prefix`,
 `--target-prefix-file`), terminology (`--constraints`), an ensemble
-(`--ensemble`)."""
+(`--ensemble`); any of them together, to stdout or with --output."""
 import argparse
 
 from jaxformer.cli.arguments import path
@@ -17,42 +17,32 @@ def add_prefix_args(p) -> None:
   prefix.add_argument(
       '--target-prefix-file', type=path, default=None,
       help='a file with the prefix of each input line\'s translation, one '
-      'per line (an empty line: none); not with --output')
-  prefix.add_argument(
+      'per line (an empty line: none)')
+  p.add_argument(
       '--constraints', type=path, default=None, metavar='FILE',
       help='a file with the target phrases each input line\'s translation '
       'must contain, tab-separated, one line per input line (an empty '
       'line: none): lexically constrained beam search (dynamic beam '
-      'allocation); not with --output or --ensemble')
+      'allocation), after the target prefix if one is given')
 
 
-def constraints(args) -> dict:
-  """{'constraints': the lines of --constraints} for `translate`'s
-  settings, {} without it."""
-  if not args.constraints:
-    return {}
-  if args.output or args.ensemble:
-    raise ValueError('--constraints with --output or --ensemble: translate '
-                     'to stdout with one model under constraints.')
-  return {'constraints': _lines(args.constraints, '--constraints')}
-
-
-def _lines(file: str, flag: str) -> list[str]:
+def _per_line(file: str | None, flag: str):
+  """A `translator.PerLine` of `file`'s lines, None without it."""
+  if not file:
+    return None
   if not paths.exists(file):
     raise FileNotFoundError(f'{flag} {file}: no such file.')
-  return paths.read_text(file).splitlines()
+  from jaxformer.inference import translator
+  return translator.PerLine(flag, paths.read_text(file).splitlines())
 
 
-def prefixes(args):
-  """The target prefix of each input line (a list of texts), of all of
-  them (one text), or None for none."""
-  if args.target_prefix_file:
-    if args.output:
-      raise ValueError('--target-prefix-file with --output: give one '
-                       '--target-prefix for the whole corpus, or translate '
-                       'without --output.')
-    return _lines(args.target_prefix_file, '--target-prefix-file')
-  return args.target_prefix or None
+def per_line(args) -> dict:
+  """{'prefixes', 'constraints'}: the per-line files of --target-prefix-file
+  and --constraints (`translator.PerLine`, None where not given), read
+  before any model loads."""
+  return dict(
+      prefixes=_per_line(args.target_prefix_file, '--target-prefix-file'),
+      constraints=_per_line(args.constraints, '--constraints'))
 
 
 def add_ensemble_arg(p) -> None:
@@ -64,25 +54,19 @@ def add_ensemble_arg(p) -> None:
       'latest checkpoints; --weights and the overrides apply to each)')
 
 
-def ensemble(args, overrides, load) -> list:
-  """The models of --workdir and of each --ensemble, loaded by
-  `load(args, overrides)`, their target vocabularies checked; [] without
-  --ensemble."""
-  if not args.ensemble:
-    return []
-  if getattr(args, 'output', None):
-    raise ValueError('--ensemble with --output: translate to stdout (or '
-                     'evaluate) with an ensemble; bulk decoding takes one '
-                     'model.')
-  from jaxformer.inference import ensemble as ensemble_lib
-  members = [load(args, overrides)]
+def members(args, overrides, load) -> list:
+  """The model of --workdir and those of each --ensemble, loaded by
+  `load(args, overrides)`, their target vocabularies checked."""
+  loaded = [load(args, overrides)]
   for workdir in args.ensemble:
-    members.append(load(argparse.Namespace(
+    loaded.append(load(argparse.Namespace(
         **dict(vars(args), workdir=workdir, checkpoint=None)), overrides))
-  ensemble_lib.check_same_target(
-      [args.workdir, *args.ensemble], [m.target_tok for m in members],
-      [m.model_config for m in members])
-  return members
+  if len(loaded) > 1:
+    from jaxformer.inference import ensemble as ensemble_lib
+    ensemble_lib.check_same_target(
+        [args.workdir, *args.ensemble], [m.target_tok for m in loaded],
+        [m.model_config for m in loaded])
+  return loaded
 
 
 def ensemble_report(args) -> dict:

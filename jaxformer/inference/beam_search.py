@@ -74,6 +74,18 @@ def best_possible_score(alive_logprob: jax.Array, step: jax.Array,
   return jnp.max(alive_logprob, axis=-1) / largest_penalty
 
 
+def forcing(log_probs: jax.Array, forced_ids, step) -> jax.Array:
+  """log_probs [b, k, v] with the tokens forced at `step` (forced_ids
+  [b, p], -1 where none; None: none) at log p 0 and every other token of
+  their rows at -inf, as Hugging Face forces a token."""
+  if forced_ids is None:
+    return log_probs
+  forced = forced_at(forced_ids, step)
+  only = jnp.arange(log_probs.shape[-1]) == forced[:, None, None]
+  return jnp.where((forced >= 0)[:, None, None],
+                   jnp.where(only, 0.0, NEG_INF), log_probs)
+
+
 def beam_search_step(state: BeamState, step_fn: StepFn, *, alpha, eos_id,
                      max_decode_len: int, early_exit=True,
                      start_id: int = PAD_ID, forced_ids=None,
@@ -94,13 +106,9 @@ def beam_search_step(state: BeamState, step_fn: StepFn, *, alpha, eos_id,
       state.cache,
       previous_tokens(state.alive_tokens, step, start_id).reshape(
           batch * beam), step)
-  log_probs = log_probs_fn(logits).reshape(batch, beam, -1)
+  log_probs = forcing(log_probs_fn(logits).reshape(batch, beam, -1),
+                      forced_ids, step)
   vocab = log_probs.shape[-1]
-  if forced_ids is not None:
-    forced = forced_at(forced_ids, step)
-    forcing = (forced >= 0)[:, None, None]
-    only = jnp.arange(vocab) == forced[:, None, None]
-    log_probs = jnp.where(forcing, jnp.where(only, 0.0, NEG_INF), log_probs)
 
   candidate_logprob = (state.alive_logprob[..., None] + log_probs).reshape(
       batch, beam * vocab)

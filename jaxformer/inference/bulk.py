@@ -55,6 +55,11 @@ UTF8_FIX = (', or pass --invalid-utf8=replace to replace undecodable bytes '
             'with U+FFFD')
 
 
+def warn(text: str) -> None:
+  """A decoder's warning on a line (one too long): one line on stderr."""
+  print(text, file=sys.stderr, flush=True)
+
+
 @dataclasses.dataclass(frozen=True, kw_only=True)
 class Chunking:
   """How a corpus is cut (see the module's docstring) and read; a

@@ -1,75 +1,22 @@
-"""What `bulk.decode_corpus` makes of a batch of lines: their translations
-(`Translation`, `jaxformer translate --output`) or their continuations by a
-language model (`Generation`, `jaxformer generate --output`).
+"""What `bulk.decode_corpus` makes of a batch of lines: their continuations
+by a language model (`Generation`, `jaxformer generate --output`); their
+translations (`jaxformer translate --output`) are `translator.Translation`.
 
-Each decodes a batch as its lines alone decide, so the file is the same
-whatever the layout: a translation as far as the batch's longest source
-allows (`evaluate.decode_rows`); a continuation with the keys of line i
-folded from the seed and i (`generation.generate_ids`' `row_ids`), the
-samples `jaxformer generate --input` draws for that line.
+A batch decodes as its lines alone decide, so the file is the same
+whatever the layout: a continuation with the keys of line i folded from
+the seed and i (`generation.generate_ids`' `row_ids`), the samples
+`jaxformer generate --input` draws for that line.
 """
 from __future__ import annotations
 
 import dataclasses
 import json
-import sys
 
 import jax
-import numpy as np
 
 
-from jaxformer.inference import evaluate, generation, predict, target_prefix
-from jaxformer.inference.bulk import Chunking
-
-
-def warn(text: str) -> None:
-  print(text, file=sys.stderr, flush=True)
-
-
-@dataclasses.dataclass(frozen=True, kw_only=True)
-class TranslateSettings(Chunking):
-  beam_size: int
-  alpha: float
-  max_extra_len: int
-  max_source_length: int
-  on_too_long: str = 'truncate'  # or 'error'
-  target_prefix: str = ''  # Every translation starts with it.
-
-
-class Translation:
-  """Translations of a batch of source lines; an empty line's is empty.
-  model: params, model_config, source_tok and target_tok (a
-  checkpoints.trained.Trained)."""
-  command = 'translate'
-
-  def __init__(self, model, settings: TranslateSettings):
-    self.model, self.settings, self.params = model, settings, model.params
-
-  def inputs(self, lines: list[str], numbers: list[int]):
-    """(source rows [batch_size, s], the ids forced first: `target_prefix`
-    `forced_ids`)."""
-    s = self.settings
-    rows = evaluate.source_batch(
-        self.model.source_tok, lines, [n + 1 for n in numbers],
-        batch_size=s.batch_size, max_source_length=s.max_source_length,
-        on_too_long=s.on_too_long, warn=warn)
-    return rows, target_prefix.forced_ids(
-        self.model.target_tok, [s.target_prefix] * len(lines), len(rows))
-
-  def decode(self, params, inputs, device: jax.Device) -> np.ndarray:
-    s = self.settings
-    rows, forced = inputs
-    return evaluate.decode_rows(
-        params, self.model.model_config, rows, beam_size=s.beam_size,
-        alpha=s.alpha, max_extra_len=s.max_extra_len, batch_parts=1,
-        device=device, forced=forced)
-
-  def outputs(self, rows, tokens: np.ndarray, lines: list[str]
-              ) -> tuple[list[str], int]:
-    del rows
-    real = [bool(line.strip()) for line in lines]
-    new = (tokens[:len(real)][real] != self.model.model_config.pad_id).sum()
-    return evaluate.texts_of(self.model.target_tok, tokens, lines), int(new)
+from jaxformer.inference import generation, predict
+from jaxformer.inference.bulk import Chunking, warn
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)

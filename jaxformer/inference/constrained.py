@@ -17,6 +17,11 @@ always keeps a place. EOS is allowed only once every phrase is met, and
 only such hypotheses finish or compete when the length runs out. A row
 without phrases decodes as plain beam search does.
 
+The search takes an ensemble's members as `ensemble.py`'s searches do
+(the mean of their log-probabilities) and forced first tokens as
+`beam_search` does (a target prefix, a many-to-many model's language
+token); a forced token meets a phrase as any other token does.
+
 Shapes: batch b, beam k, phrases c (per sentence, -1 padded), phrase
 tokens l, decode length `length`, vocabulary v.
 """
@@ -28,13 +33,11 @@ import jax.numpy as jnp
 import numpy as np
 from flax.core import meta
 
-from jaxformer.data import language_tokenizer
 from jaxformer.inference import beam_search as beams
-from jaxformer.inference import target_prefix
+from jaxformer.inference import ensemble, search, target_prefix
 from jaxformer.inference.search import NEG_INF, decode_length, previous_tokens
 from jaxformer.model.attention import select_beam_histories
-from jaxformer.model.incremental import (encoder_outputs, init_cache,
-                                         translation_step_fn)
+from jaxformer.model.config import ModelConfig
 
 
 class ConstrainedState(NamedTuple):
@@ -85,16 +88,20 @@ def _rank_in_bank(bank, score):
 
 
 def constrained_step(state: ConstrainedState, step_fn, phrases, lengths, *,
-                     alpha, eos_id, max_decode_len: int, start_id: int
+                     alpha, eos_id, max_decode_len: int, start_id: int,
+                     forced_ids=None, log_probs_fn=jax.nn.log_softmax
                      ) -> ConstrainedState:
-  """Extends every live hypothesis by one token (the module docstring)."""
+  """Extends every live hypothesis by one token (the module docstring);
+  forced_ids and log_probs_fn as `beam_search.beam_search_step` takes
+  them (a forced token meets phrases as any other does)."""
   old = state.beam
   batch, beam, _ = old.alive_tokens.shape
   step = old.step
   logits, cache, _ = step_fn(
       old.cache, previous_tokens(old.alive_tokens, step, start_id).reshape(
           batch * beam), step)
-  log_probs = jax.nn.log_softmax(logits).reshape(batch, beam, -1)
+  log_probs = beams.forcing(log_probs_fn(logits).reshape(batch, beam, -1),
+                            forced_ids, step)
   vocab = log_probs.shape[-1]
   all_met = jnp.all(state.met | (lengths[:, None, :] == 0), -1)
   log_probs = jnp.where((jnp.arange(vocab) == eos_id) & ~all_met[..., None],
@@ -173,19 +180,18 @@ def constrained_step(state: ConstrainedState, step_fn, phrases, lengths, *,
       pick(met), pick(current), pick(position))
 
 
-@functools.partial(jax.jit, static_argnames=('config', 'beam_size',
+@functools.partial(jax.jit, static_argnames=('configs', 'beam_size',
                                              'max_decode_len'))
-def _search(params, inputs, phrases, config, beam_size, alpha, max_decode_len,
-            eos_id):
+def _search(params, inputs, phrases, forced_ids, configs, beam_size, alpha,
+            max_decode_len, eos_id):
   lengths = jnp.sum(phrases >= 0, -1).astype(jnp.int32)
-  encoded, segment_ids = encoder_outputs(config, params, inputs)
-  cache = init_cache(config, params, encoded, segment_ids, max_decode_len)
-  step_fn = translation_step_fn(config, params,
-                                jnp.repeat(segment_ids, beam_size, axis=0))
+  cache, step_fn, log_probs_fn = ensemble.member_steps(
+      configs, params, inputs, max_decode_len, beam_size)
   batch, c = phrases.shape[:2]
+  config = configs[0]
   state = ConstrainedState(
       beams.initial_beam_state(
-          cache, jnp.any(inputs != config.pad_id, axis=-1), beam_size,
+          cache, jnp.any(inputs[0] != config.pad_id, axis=-1), beam_size,
           max_decode_len, config.pad_id),
       jnp.zeros((batch, beam_size, c), bool),
       jnp.full((batch, beam_size), -1, jnp.int32),
@@ -193,7 +199,8 @@ def _search(params, inputs, phrases, config, beam_size, alpha, max_decode_len,
   step = functools.partial(
       constrained_step, step_fn=step_fn, phrases=phrases, lengths=lengths,
       alpha=alpha, eos_id=eos_id, max_decode_len=max_decode_len,
-      start_id=config.decoder_start_id)
+      start_id=config.decoder_start_id, forced_ids=forced_ids,
+      log_probs_fn=log_probs_fn)
   state = jax.lax.while_loop(
       lambda s: (s.beam.step < max_decode_len) & ~jnp.all(s.beam.done),
       step, state)
@@ -205,32 +212,40 @@ def _search(params, inputs, phrases, config, beam_size, alpha, max_decode_len,
 
 def constrained_beam_search(params, config, inputs, phrases, *,
                             beam_size: int, alpha: float,
-                            max_decode_len: int, eos_id: int | None = None):
+                            max_decode_len: int, eos_id: int | None = None,
+                            forced=None):
   """Beam search whose translations contain every phrase of their row.
 
   Args:
-    inputs: [batch, s] int source rows (padded with config.pad_id).
+    params, config, inputs: one model's, or a sequence of them, one per
+      member of an ensemble (`ensemble.py`), inputs [batch, s_m] int source
+      rows (padded with the config's pad_id).
     phrases: [batch, c, l] int target-token phrases, -1 padded (a row or a
       phrase of only -1: none).
-    max_decode_len: at least the longest row's phrase tokens + 1, so that
-      every phrase fits.
+    max_decode_len: at least the longest row's forced and phrase tokens + 1,
+      so that every phrase fits.
+    forced: the tokens every translation starts with, as
+      `evaluate.decode_tokens` takes them (None: none).
 
   Returns:
     (tokens [batch, beam, max_decode_len] best first, scores [batch, beam]).
   """
-  eos_id = config.eos_id if eos_id is None else eos_id
-  return _search(meta.unbox(params), jnp.asarray(inputs, jnp.int32),
-                 jnp.asarray(phrases, jnp.int32), config, beam_size,
+  if isinstance(config, ModelConfig):
+    params, config, inputs = (params,), (config,), (inputs,)
+  configs = tuple(config)
+  _, max_decode_len, eos_id, forced = search.translation_arguments(
+      configs[0], inputs[0], max_decode_len, eos_id,
+      -1 if forced is None else forced)
+  return _search(tuple(meta.unbox(p) for p in params),
+                 tuple(jnp.asarray(rows, jnp.int32) for rows in inputs),
+                 jnp.asarray(phrases, jnp.int32), forced, configs, beam_size,
                  jnp.float32(alpha), max_decode_len, jnp.int32(eos_id))
-
 
 
 def phrases_of(target_tok, lines, rows: int) -> np.ndarray:
   """The phrases of `lines` (each: tab-separated target phrases, '' for
-  none) as target tokens [rows, c, l], -1 padded."""
-  if language_tokenizer.first_id(target_tok) is not None:
-    raise ValueError('--constraints: a model with language tokens (M2M100, '
-                     'NLLB) is not supported yet; translate without it.')
+  none) as target tokens [rows, c, l], -1 padded (without a language
+  token: a many-to-many model's is forced first)."""
   phrases = [[target_text for target_text in (line or '').split('\t')
               if target_text.strip()] for line in lines]
   ids = [[target_prefix.text_ids(target_tok, text) for text in row]
@@ -245,22 +260,27 @@ def phrases_of(target_tok, lines, rows: int) -> np.ndarray:
   return out
 
 
-def decode_rows(params, config, rows: np.ndarray, phrases: np.ndarray, *,
-                beam_size: int, alpha: float, max_extra_len: int
-                ) -> np.ndarray:
-  """Best tokens [batch, length] of source rows [batch, s] containing the
-  `phrases` [batch, c, l] of each row, decoding up to max_extra_len tokens
-  beyond the longer of the longest source and a row's phrase tokens + 1
-  (rounded up to a multiple of 16)."""
-  longest = int((rows != config.pad_id).sum(1).max(initial=0))
-  needed = int((phrases >= 0).sum((1, 2)).max(initial=0)) + 1
-  if needed > config.max_len:
-    raise ValueError(f'--constraints: a line\'s phrases have {needed - 1} '
-                     f'tokens, more than the model\'s max_len='
-                     f'{config.max_len} positions allow; shorten them.')
-  length = max(decode_length(longest, max_extra_len, config.max_len, 16),
-               needed)
-  tokens, _ = constrained_beam_search(params, config, rows, phrases,
+def decode_rows(params, configs, rows, phrases: np.ndarray, *,
+                beam_size: int, alpha: float, max_extra_len: int,
+                forced=None) -> np.ndarray:
+  """Best tokens [batch, length] of each member's source rows [batch, s_m]
+  (`params`, `configs` and `rows`: one per member) containing the
+  `phrases` [batch, c, l] of each row, after the `forced` tokens
+  (`target_prefix.forced_ids`); decoding up to max_extra_len tokens beyond
+  the longest source or prefix, and at least a row's forced and phrase
+  tokens + 1 (rounded up to a multiple of 16)."""
+  max_len = min(config.max_len for config in configs)
+  longest = max([int((r != c.pad_id).sum(1).max(initial=0))
+                 for r, c in zip(rows, configs)]
+                + [target_prefix.width(forced)])
+  needed = (int((phrases >= 0).sum((1, 2)).max(initial=0)) + 1
+            + (0 if forced is None else target_prefix.width(forced)))
+  if needed > max_len:
+    raise ValueError(f'--constraints: a line\'s phrases (and prefix) have '
+                     f'{needed - 1} tokens, more than the model\'s max_len='
+                     f'{max_len} positions allow; shorten them.')
+  length = max(decode_length(longest, max_extra_len, max_len, 16), needed)
+  tokens, _ = constrained_beam_search(params, configs, rows, phrases,
                                       beam_size=beam_size, alpha=alpha,
-                                      max_decode_len=length)
+                                      max_decode_len=length, forced=forced)
   return np.asarray(tokens)[:, 0]

@@ -9,15 +9,13 @@ Each member encodes the sources with its own source vocabulary: the
 searches take one rows array [batch, s_m] per member.
 """
 import functools
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Sequence
 
 import jax
 import jax.numpy as jnp
-import numpy as np
 from flax.core import meta
 
-from jaxformer.data import sources
-from jaxformer.inference import beam_search, evaluate, search, target_prefix
+from jaxformer.inference import beam_search, search
 from jaxformer.model.incremental import (encoder_outputs, init_cache,
                                          translation_step_fn)
 
@@ -71,6 +69,21 @@ def _caches(configs, params, inputs, max_decode_len):
   return tuple(caches), segments
 
 
+def member_steps(configs, params, inputs, max_decode_len: int, beam: int):
+  """(the cache, a `StepFn` of it, that StepFn's output -> log-probabilities)
+  of the members' search: one model's own (logits, `jax.nn.log_softmax`),
+  several models' mean of log-probabilities (the identity). Traced."""
+  if len(configs) == 1:
+    (config,), (p,), (rows,) = configs, params, inputs
+    encoded, segment_ids = encoder_outputs(config, p, rows)
+    cache = init_cache(config, p, encoded, segment_ids, max_decode_len)
+    return cache, translation_step_fn(
+        config, p, jnp.repeat(segment_ids, beam, axis=0)), jax.nn.log_softmax
+  caches, segments = _caches(configs, params, inputs, max_decode_len)
+  return (caches, mean_log_probs_step_fn(configs, params, segments, beam),
+          lambda log_probs: log_probs)
+
+
 @functools.partial(jax.jit, static_argnames=('configs', 'max_decode_len'))
 def _greedy(params, inputs, forced_ids, configs, max_decode_len, eos_id):
   caches, segments = _caches(configs, params, inputs, max_decode_len)
@@ -120,62 +133,3 @@ def decode_tokens(params: Sequence, configs: Sequence, inputs: Sequence, *,
                    jnp.int32(eos_id))
   return _beam(params, inputs, forced, configs, beam_size, jnp.float32(alpha),
                max_decode_len, jnp.int32(eos_id))
-
-
-def translate(members: Sequence, sentences: Iterable[str], *,
-              beam_size: int, alpha: float, max_extra_len: int,
-              batch_size: int, max_source_length: int | None = None,
-              on_too_long: str = 'truncate', warn=print, prefixes=None,
-              prefixes_from: str = '--target-prefix-file') -> Iterator[str]:
-  """`evaluate.translate` by the ensemble of `members` (each a
-  `checkpoints.trained.Trained`), in batches as the lines come."""
-  target_tok = members[0].target_tok
-  configs = [m.model_config for m in members]
-  max_len = min(config.max_len for config in configs)
-  batch, batch_prefixes, line = [], [], 0
-
-  def flush():
-    numbers = range(line - len(batch) + 1, line + 1)
-    rows = [evaluate.source_batch(
-        m.source_tok, batch, numbers, batch_size=batch_size,
-        max_source_length=max_source_length or m.model_config.max_len,
-        on_too_long=on_too_long, warn=warn if i == 0 else lambda _: None)
-            for i, m in enumerate(members)]
-    forced = target_prefix.forced_ids(target_tok, batch_prefixes, batch_size)
-    longest = max(int((r != c.pad_id).sum(1).max(initial=0))
-                  for r, c in zip(rows, configs))
-    decode_len = search.decode_length(
-        max(longest, target_prefix.width(forced)), max_extra_len, max_len,
-        multiple=16)
-    tokens = decode_tokens([m.params for m in members], configs, rows,
-                           beam_size=beam_size, alpha=alpha,
-                           max_decode_len=decode_len, forced=forced)
-    return evaluate.texts_of(target_tok, np.asarray(tokens), batch)
-
-  for sentence, prefix in target_prefix.paired(sentences, prefixes,
-                                               prefixes_from):
-    batch.append(sentence.rstrip('\n'))
-    batch_prefixes.append(prefix)
-    line += 1
-    if len(batch) == batch_size:
-      yield from flush()
-      batch, batch_prefixes = [], []
-  if batch:
-    yield from flush()
-
-
-def decode_split(members: Sequence, split: str, *,
-                 beam_size: int | None = None, alpha: float | None = None):
-  """(scores, hypotheses in split order) of the ensemble on `split` of the
-  first member's data, decoded as its decode.* say unless given."""
-  config = members[0].config
-  pairs = list(sources.read_split(config.data, split))
-  hypotheses = list(translate(
-      members, [source for source, _ in pairs],
-      beam_size=config.decode.beam_size if beam_size is None else beam_size,
-      alpha=config.decode.alpha if alpha is None else alpha,
-      max_extra_len=config.decode.max_extra_len,
-      batch_size=config.decode.batch_size,
-      max_source_length=config.data.max_source_length))
-  return evaluate.corpus_scores(
-      hypotheses, [target for _, target in pairs]), hypotheses

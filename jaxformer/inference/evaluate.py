@@ -1,7 +1,7 @@
 """Using a trained translator: batched decoding of sentences, BLEU and chrF
 (sacrebleu's standard settings, on detokenised text) and exact match."""
 import math
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Sequence
 
 import jax
 import ml_collections
@@ -10,7 +10,6 @@ import sacrebleu
 from jax.experimental import multihost_utils
 
 from jaxformer.inference import beam_search
-from jaxformer.inference import constrained
 from jaxformer.inference import search
 from jaxformer.inference import target_prefix
 from jaxformer.parallel import mesh as mesh_lib
@@ -144,60 +143,6 @@ def texts_of(target_tok: Tokenizer, tokens: np.ndarray,
   sentence's is empty."""
   return [target_tok.decode(t) if s.strip() else ''
           for t, s in zip(tokens[:len(sentences)], sentences)]
-
-
-def translate(params, model_config: ModelConfig, source_tok: Tokenizer,
-              target_tok: Tokenizer, sentences: Iterable[str], *,
-              beam_size: int = search.BEAM_SIZE, alpha: float = search.ALPHA,
-              max_extra_len: int = search.MAX_EXTRA_LEN,
-              batch_size: int = 64, max_source_length: int | None = None,
-              on_too_long: str = 'truncate', warn=print,
-              prefixes: Iterable[str] | str | None = None,
-              prefixes_from: str = '--target-prefix-file',
-              constraints: Iterable[str] | None = None) -> Iterator[str]:
-  """Translations of `sentences`, in order, decoded in batches as they come.
-
-  Empty lines translate to empty lines. Lines longer than the model's
-  maximum are truncated (with a warning) or, with on_too_long='error',
-  raise. prefixes: each sentence's target prefix ('': none;
-  `target_prefix.py`), the lines of `prefixes_from`; or one for all.
-  constraints (instead): each sentence's tab-separated target phrases, that
-  its translation contains (`constrained.py`).
-  """
-  max_source_length = max_source_length or model_config.max_len
-  batch: list[str] = []
-  batch_prefixes: list[str | None] = []
-  line = 0
-
-  def flush(batch, batch_prefixes):
-    rows = source_batch(source_tok, batch,
-                        range(line - len(batch) + 1, line + 1),
-                        batch_size=batch_size,
-                        max_source_length=max_source_length,
-                        on_too_long=on_too_long, warn=warn)
-    if constraints is not None:
-      tokens = constrained.decode_rows(
-          params, model_config, rows, constrained.phrases_of(
-              target_tok, batch_prefixes, len(rows)),
-          beam_size=beam_size, alpha=alpha, max_extra_len=max_extra_len)
-      return texts_of(target_tok, tokens, batch)
-    tokens = decode_rows(params, model_config, rows, beam_size=beam_size,
-                         alpha=alpha, max_extra_len=max_extra_len,
-                         forced=target_prefix.forced_ids(
-                             target_tok, batch_prefixes, len(rows)))
-    return texts_of(target_tok, tokens, batch)
-
-  per_line, where = ((prefixes, prefixes_from) if constraints is None
-                     else (constraints, '--constraints'))
-  for sentence, prefix in target_prefix.paired(sentences, per_line, where):
-    batch.append(sentence.rstrip('\n'))
-    batch_prefixes.append(prefix)
-    line += 1
-    if len(batch) == batch_size:
-      yield from flush(batch, batch_prefixes)
-      batch, batch_prefixes = [], []
-  if batch:
-    yield from flush(batch, batch_prefixes)
 
 
 def evaluate_translation(params, model_config: ModelConfig,

@@ -7,7 +7,7 @@ A prefix is forced the way a many-to-many model's target language token is
 where a row's prefix has ended. A model with language tokens forces its
 language token first, then the prefix.
 """
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Sequence
 
 import numpy as np
 
@@ -54,26 +54,3 @@ def width(forced) -> int:
   """How many leading positions `forced` (as `forced_ids` returns it) may
   fix."""
   return 1 if forced is None or np.ndim(forced) < 2 else np.shape(forced)[1]
-
-
-def paired(sentences: Iterable[str], prefixes: Iterable[str] | str | None,
-           where: str) -> Iterator[tuple[str, str | None]]:
-  """(sentence, its prefix) for each sentence: `prefixes` one for each, or
-  one text for all, or None (then None for each). Raises when `prefixes`
-  (the lines of `where`) has a different number of lines than the
-  sentences."""
-  if prefixes is None or isinstance(prefixes, str):
-    yield from ((sentence, prefixes) for sentence in sentences)
-    return
-  prefixes = iter(prefixes)
-  count = 0
-  for count, sentence in enumerate(sentences, start=1):
-    prefix = next(prefixes, None)
-    if prefix is None:
-      raise ValueError(f'{where} has {count - 1} lines, fewer than the '
-                       f'input (line {count} has none); give one line per '
-                       'input line (an empty line: none).')
-    yield sentence, prefix.rstrip('\n')
-  if next(prefixes, None) is not None:
-    raise ValueError(f'{where} has more lines than the {count} of the input; '
-                     'give one line per input line.')

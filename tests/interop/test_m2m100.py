@@ -23,7 +23,7 @@ from marian_folders import up_to_eos  # noqa: E402
 
 from jaxformer.cli import main as cli
 from jaxformer.checkpoints import trained
-from jaxformer.inference import beam_search, search
+from jaxformer.inference import beam_search, search, target_prefix
 
 SHAPES = {
     'm2m100-2+1': dict(tokenizer='m2m100', encoder_layers=2, decoder_layers=1,
@@ -368,3 +368,34 @@ def test_ct2_export_translates_as_generate(imported, tmp_path, capsys):
   result = ctranslate2.Translator(int8, compute_type='int8').translate_batch(
       pieces[:2], target_prefix=[[prefix]] * 2, max_decoding_length=8)
   assert all(r.hypotheses[0][0] == prefix for r in result)
+
+
+@pytest.mark.parametrize('imported', ['m2m100-2+1'], indirect=True)
+def test_constraints_follow_the_forced_language_token(imported, tmp_path,
+                                                      capsys):
+  # Without phrases the constrained search is plain beam search (its
+  # language token forced alike); with them, each line holds its own.
+  texts = sentences(6, 13)
+  (source, target), _ = imported.pairs
+  (tmp_path / 'in.txt').write_text('\n'.join(texts) + '\n')
+  command = ['translate', '--workdir', imported.out, '--input',
+             str(tmp_path / 'in.txt'), '--beam', '3', '--max-extra-len',
+             '4', '--source-lang', source, '--target-lang', target]
+  capsys.readouterr()
+  assert cli.main(command) == 0
+  plain = capsys.readouterr().out
+  (tmp_path / 'none.tsv').write_text('\n' * len(texts))
+  assert cli.main([*command, '--constraints',
+                   str(tmp_path / 'none.tsv')]) == 0
+  assert capsys.readouterr().out == plain
+  words = [max((w for w in text.split() if w.isalpha()), key=len)
+           for text in texts]
+  (tmp_path / 'terms.tsv').write_text('\n'.join(words) + '\n')
+  assert cli.main([*command, '--constraints',
+                   str(tmp_path / 'terms.tsv')]) == 0
+  # A word as the tiny vocabulary spells it (it lacks some letters).
+  tok = imported.ours.target_tok
+  inner = getattr(tok, 'inner', tok)
+  for line, word in zip(capsys.readouterr().out.splitlines(), words):
+    spelled = inner.decode(target_prefix.text_ids(tok, word)).strip()
+    assert spelled and spelled in line, (line, spelled)
