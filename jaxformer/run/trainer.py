@@ -33,7 +33,7 @@ from jaxformer.run import pretrained
 from jaxformer.run import tracing
 from jaxformer.run.hooks import Boundary, Hooks
 from jaxformer.run.loop import Loop, open_loop
-from jaxformer.run.signals import StopRequested
+from jaxformer.run.signals import StopRequested, stopped_before_training
 from jaxformer.train.state import TrainState
 
 
@@ -143,7 +143,7 @@ class Trainer:
       self.spec = self.spec.with_plan(self.loop.plan)
     if stop.signalled():
       self.loop.close()
-      self._say_stopped_before_training(stop)
+      self.log(stopped_before_training(stop.signal_name, self.checkpoints))
       return TrainResult(self.loop.final, state, False)
     start, num_steps = self.loop.start_step, self.config.train.num_steps
     self.log(f'The checkpoint of step {start} is already at '
@@ -162,14 +162,6 @@ class Trainer:
             self.log)
     self.loop.close()
     return TrainResult(self.loop.final, state, finished)
-
-  def _say_stopped_before_training(self, stop: StopRequested) -> None:
-    latest = self.checkpoints.latest_step()
-    self.log(f'{stop.signal_name} received before the first step: nothing '
-             'was trained and no checkpoint written (' + (
-                 f'the latest is step {latest}' if latest is not None
-                 else 'there is none yet') + f') in '
-             f'{self.checkpoints.directory}.')
 
   def _compiled_step(self, shardings):
     return self.goodput.first_call_timed(self.spec.train_step(shardings))
