@@ -51,9 +51,11 @@ class Trainer:
   """A run set up in `workdir`; `train()` trains it to num_steps."""
 
   def __init__(self, config: ml_collections.ConfigDict, workdir: str,
-               devices=None):
+               devices=None, scorer=None):
     """`devices`: the mesh's devices in order (default: all, as
-    `jax.make_mesh` orders them)."""
+    `jax.make_mesh` orders them); `scorer`: what scores the translations
+    of each evaluation beside BLEU (`run/evaluation.py` `Scorer`; needed
+    with eval.comet: the cli's `comet_scorer`)."""
     start = time.monotonic()
     cluster.initialize_distributed(config.distributed)
     self.goodput = goodput_lib.Goodput(workdir, start)
@@ -68,7 +70,8 @@ class Trainer:
     self.goodput.watch(self.checkpoints)
     self.trace = tracing.StepTrace(config.train, workdir)
     try:
-      run = assembly.assemble(config, workdir, self.checkpoints, devices)
+      run = assembly.assemble(config, workdir, self.checkpoints, devices,
+                              scorer)
     except BaseException:
       self.checkpoints.close()  # Or its threads outlive the error.
       raise
@@ -284,7 +287,8 @@ class Trainer:
       return self.evaluator.of_state(state)
 
 
-def train(config: ml_collections.ConfigDict, workdir: str) -> dict:
+def train(config: ml_collections.ConfigDict, workdir: str,
+          scorer=None) -> dict:
   """Trains (or resumes) in `workdir`; returns the last logged metrics."""
   checkpoint_lib.make_workdir(workdir)
-  return Trainer(config, workdir).run()
+  return Trainer(config, workdir, scorer=scorer).run()
