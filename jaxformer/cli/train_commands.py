@@ -17,11 +17,13 @@ def cmd_train(args, overrides) -> int:
     config = load_config(args.config, overrides)
     cluster.initialize_distributed(config.distributed)
     make_workdir(args.workdir)  # Names a missing bucket first.
+    # A folder that is not a COMET checkpoint fails now, not at an eval.
+    scorer = comet_scorer(config.eval.comet)
     # One training per workdir: a second one (a requeued job while the
     # first lives) is refused, naming the first, before it writes.
     with run_lock.one_writer(paths.join(args.workdir, 'train.lock'),
                              f'--workdir {args.workdir}'):
-      trainer = Trainer(config, args.workdir)
+      trainer = Trainer(config, args.workdir, scorer=scorer)
       result = trainer.train(stop)
       if stop.signal_name:  # Its checkpoint is committed: exit promptly.
         stop_clock.phase('run ended (checkpoint committed, goodput '
@@ -31,6 +33,22 @@ def cmd_train(args, overrides) -> int:
           and trainer.task.translates):
         report_translation(trainer, result.state.params)
   return 0
+
+
+def comet_scorer(folder: str):
+  """The scorer of eval.comet's COMET checkpoint `folder`, loaded now:
+  (sources, hypotheses, references) -> {'comet': the system score};
+  None for no folder ('')."""
+  if not folder:
+    return None
+  from jaxformer.interop import comet, comet_scores
+  model = comet.load(folder, given_as='eval.comet')
+
+  def score(sources, hypotheses, references) -> dict[str, float]:
+    report = comet_scores.corpus_report(model, sources, hypotheses,
+                                        references)
+    return {'comet': report['comet']}
+  return score
 
 
 def report_translation(trainer, params=None) -> None:
@@ -51,9 +69,15 @@ def report_translation(trainer, params=None) -> None:
     return
   from jaxformer.data import sources
   pairs = sources.read_split(config.data, split)
+  scorer = trainer.evaluator.scorer
+  if scorer is not None:
+    scores.update(scorer([source for source, _ in pairs], hypotheses,
+                         [target for _, target in pairs]))
+  comet = f'  COMET {scores["comet"]:.4f}' if 'comet' in scores else ''
   print(f'\n{split} split ({len(pairs)} sentences, beam '
         f'{config.decode.beam_size}): BLEU {scores["bleu"]:.2f}  chrF '
-        f'{scores["chrf"]:.2f}  exact match {scores["exact_match"]:.1f}%')
+        f'{scores["chrf"]:.2f}  exact match {scores["exact_match"]:.1f}%'
+        + comet)
   for (source, reference), hypothesis in list(zip(pairs, hypotheses))[
       :config.eval.show_examples]:
     print(f'  {source}\n    -> {hypothesis}\n    (reference: {reference})')

@@ -15,7 +15,7 @@ from jaxformer.storage import paths
 
 SPLITS = ('train', 'dev', 'test')
 PATH_KEYS = (
-    ('init.pretrained',)
+    ('init.pretrained', 'eval.comet')
     + tuple(f'data.text.{split}' for split in SPLITS)
     + tuple(f'data.tsv.{split}' for split in SPLITS)
     + tuple(f'data.{kind}.{split}' for kind in ('jsonl', 'parquet')

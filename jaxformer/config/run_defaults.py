@@ -62,6 +62,10 @@ def eval_defaults() -> ml_collections.ConfigDict:
       show_examples=5,  # example translations printed after training
       # > 1: the final evaluation uses the mean of the last N checkpoints.
       average_last=0,
+      # A COMET checkpoint folder (local or gs://; `evaluate --comet`'s):
+      # translation runs also score the bleu_examples sentences with it
+      # (eval_comet; checkpoint.best_metric='comet'); '': off.
+      comet='',
   ))
 
 

@@ -35,6 +35,7 @@ def validate(config: ml_collections.ConfigDict) -> None:
   except ValueError as e:
     raise ConfigError(str(e)) from None
   _validate_budget_and_average(config)
+  _validate_comet(config)
 
 
 def _check_lengths_fit_model(config: ml_collections.ConfigDict) -> None:
@@ -72,6 +73,28 @@ def _validate_budget_and_average(config: ml_collections.ConfigDict) -> None:
   if average > 1 and not config.checkpoint.every:
     raise ConfigError(f'eval.average_last={average} needs checkpoints during '
                       'training: set checkpoint.every > 0.')
+
+
+def _validate_comet(config: ml_collections.ConfigDict) -> None:
+  """eval.comet scores the translations decoded for BLEU, and
+  checkpoint.best_metric='comet' reads its score."""
+  comet = config.eval.comet
+  if config.checkpoint.best_metric == 'comet' and not comet:
+    raise ConfigError(
+        "checkpoint.best_metric='comet' needs eval.comet: set eval.comet to "
+        'a COMET checkpoint folder, or choose another best metric.')
+  if not comet:
+    return
+  task = TASKS.get(config.task)
+  if task is not None and not task.translates:
+    raise ConfigError(
+        f'eval.comet={comet!r} scores translations, and task='
+        f'{config.task!r} does not translate: unset eval.comet.')
+  if not config.eval.bleu_examples:
+    raise ConfigError(
+        f'eval.comet={comet!r} scores the eval.bleu_examples sentences '
+        'decoded during training, and eval.bleu_examples=0 decodes none: set '
+        'eval.bleu_examples > 0, or unset eval.comet.')
 
 
 def _check_keys(config, reference, where: str) -> None:

@@ -145,20 +145,6 @@ def texts_of(target_tok: Tokenizer, tokens: np.ndarray,
           for t, s in zip(tokens[:len(sentences)], sentences)]
 
 
-def evaluate_translation(params, model_config: ModelConfig,
-                         config: ml_collections.ConfigDict,
-                         source_tok: Tokenizer, target_tok: Tokenizer,
-                         split: str, mesh, *, max_examples: int = 0,
-                         beam_size: int | None = None,
-                         alpha: float | None = None) -> dict[str, float]:
-  """BLEU, chrF and exact match of `split` (its first `max_examples`, or
-  all), every example decoded exactly once across processes."""
-  scores, _ = decode_split(params, model_config, config, source_tok,
-                           target_tok, split, mesh, max_examples=max_examples,
-                           beam_size=beam_size, alpha=alpha)
-  return scores
-
-
 def decode_split(params, model_config: ModelConfig,
                  config: ml_collections.ConfigDict, source_tok: Tokenizer,
                  target_tok: Tokenizer, split: str, mesh, *,

@@ -78,15 +78,17 @@ class Comet(NamedTuple):
 
 
 
-def read_hparams(folder: str) -> dict:
-  """hparams.yaml of `folder`, checked for what jaxformer computes."""
+def read_hparams(folder: str, given_as: str = '--comet') -> dict:
+  """hparams.yaml of `folder`, checked for what jaxformer computes;
+  `given_as` names where the folder was given (a flag, a config key)."""
   import yaml
   path = paths.join(folder, 'hparams.yaml')
   if not paths.is_dir(folder):
-    raise CometError(f'--comet {folder}: no such folder')
+    raise CometError(f'{given_as} {folder}: no such folder')
   if not paths.exists(path):
-    raise CometError(f'--comet {folder}: no hparams.yaml; a COMET checkpoint '
-                     'folder holds hparams.yaml and checkpoints/model.ckpt')
+    raise CometError(f'{given_as} {folder}: no hparams.yaml; a COMET '
+                     'checkpoint folder holds hparams.yaml and '
+                     'checkpoints/model.ckpt')
   try:
     hparams = yaml.safe_load(paths.read_text(path))
   except yaml.YAMLError as e:
@@ -141,12 +143,12 @@ def encoder_folder(folder: str, hparams: dict) -> str:
       '(jaxformer reads no hub)')
 
 
-def read_state(folder: str) -> dict:
+def read_state(folder: str, given_as: str = '--comet') -> dict:
   """{name: float32 array} of checkpoints/model.ckpt."""
   path = paths.join(folder, 'checkpoints', 'model.ckpt')
   if not paths.exists(path):
-    raise CometError(f'--comet {folder}: no checkpoints/model.ckpt; a COMET '
-                     'checkpoint folder holds hparams.yaml and '
+    raise CometError(f'{given_as} {folder}: no checkpoints/model.ckpt; a '
+                     'COMET checkpoint folder holds hparams.yaml and '
                      'checkpoints/model.ckpt')
   import io
   import torch
@@ -185,11 +187,12 @@ def _estimator(state: dict, in_dim: int, hparams: dict
   return layers_
 
 
-def load(folder: str) -> Comet:
+def load(folder: str, given_as: str = '--comet') -> Comet:
   """The COMET model of `folder`, every tensor checked; one CometError
-  names what is missing or wrong."""
+  names what is missing or wrong (the folder as `given_as`, a flag or a
+  config key, gave it)."""
   folder = paths.absolute(folder)
-  hparams = read_hparams(folder)
+  hparams = read_hparams(folder, given_as)
   kind = hparams.get('class_identifier', 'regression_metric')
   source = encoder_folder(folder, hparams)
   try:
@@ -197,7 +200,7 @@ def load(folder: str) -> Comet:
     tokenizer = hf_folders.load_tokenizer(source, hf.get('vocab_size'))
   except (bert.BertImportError, hf_folders.FolderError) as e:
     raise CometError(str(e)) from None
-  state = read_state(folder)
+  state = read_state(folder, given_as)
   body = {k[len(ENCODER_PREFIX):]: v for k, v in state.items()
           if k.startswith(ENCODER_PREFIX)}
   if not body:

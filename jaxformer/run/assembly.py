@@ -19,6 +19,7 @@ from jaxformer.data import tokenizer as tokenizer_lib
 from jaxformer.parallel import peers
 from jaxformer.run import host_plan
 from jaxformer.run import pretrained
+from jaxformer.run import evaluation
 from jaxformer.run.evaluation import Evaluator
 from jaxformer.storage import paths
 from jaxformer.train import run_spec
@@ -41,11 +42,13 @@ class Assembled:
 
 
 def assemble(config: ml_collections.ConfigDict, workdir: str,
-             checkpoints: checkpoint_lib.Checkpointer,
-             devices=None) -> Assembled:
+             checkpoints: checkpoint_lib.Checkpointer, devices=None,
+             scorer: evaluation.Scorer | None = None) -> Assembled:
   """The run of `config` in `workdir` on `devices` (default: all, as
-  `jax.make_mesh` orders them); writes WORKDIR/config.json (process 0)
+  `jax.make_mesh` orders them), its evaluator scoring translations with
+  `scorer` too (eval.comet's); writes WORKDIR/config.json (process 0)
   and, for a pretrained start, the export's tokenizers."""
+  evaluation.check_scorer(config, scorer)  # Before any work.
   config, pretrained_tokenizers = pretrained.pretrained_start(config)
   if pretrained_tokenizers:
     pretrained.write_tokenizers(config.data, workdir, pretrained_tokenizers)
@@ -63,7 +66,7 @@ def assemble(config: ml_collections.ConfigDict, workdir: str,
   token_cache = token_cache_lib.directory(spec.config.data, workdir)
   if agree and token_cache:
     token_cache = token_cache_lib.SharedCache(token_cache, agree)
-  evaluator = Evaluator(spec, tokenizers, plan.share, token_cache)
+  evaluator = Evaluator(spec, tokenizers, plan.share, token_cache, scorer)
   _check_splits(spec, evaluator, token_cache)
   return Assembled(spec, tuple(tokenizers), plan, token_cache, evaluator)
 

@@ -1,10 +1,14 @@
 """Evaluation during training: loss metrics of the eval split (BLEU too
-for translation; the encoder-only tasks' `dev_metrics`, from every
+for translation, and a scorer's metrics of the same translations, COMET's
+with eval.comet; the encoder-only tasks' `dev_metrics`, from every
 example's prediction)."""
+from typing import Callable, Sequence
+
 import jax
 import jax.numpy as jnp
 import numpy as np
 
+from jaxformer.data import sources as sources_lib
 from jaxformer.data import task_batches
 from jaxformer.inference import evaluate as evaluate_lib
 from jaxformer.parallel import mesh as mesh_lib
@@ -13,24 +17,54 @@ from jaxformer.train import ema as ema_lib
 from jaxformer.train import loss as losses
 from jaxformer.train.run_spec import RunSpec
 
+# (sources, hypotheses, references) -> metrics of the translations, such as
+# {'comet': the system score}.
+Scorer = Callable[[Sequence[str], Sequence[str], Sequence[str]],
+                  dict[str, float]]
+
+
+def check_scorer(config, scorer: Scorer | None) -> None:
+  """eval.comet needs a scorer from the caller: this layer cannot load a
+  COMET model (interop/ is above it)."""
+  if config.eval.get('comet') and scorer is None:
+    raise ValueError(
+        f'eval.comet={config.eval.comet!r} is set and no scorer was passed: '
+        'give the run one, Trainer(config, workdir, scorer='
+        'jaxformer.cli.train_commands.comet_scorer(config.eval.comet)), or '
+        'unset eval.comet.')
+
+
+def check_best_metric(config, task, scorer: Scorer | None) -> None:
+  """checkpoint.best_metric is one of the task's metrics ('comet' only
+  where a scorer gives it)."""
+  best, known = config.checkpoint.best_metric, task.eval_metrics
+  if best == 'comet' and scorer is None:
+    raise ValueError("checkpoint.best_metric='comet' needs eval.comet: set "
+                     'eval.comet to a COMET checkpoint folder, or choose '
+                     'another best metric.')
+  accepted = known + (('comet',) if scorer else ())
+  if best and known and best not in accepted:
+    raise ValueError(
+        f'checkpoint.best_metric={best!r} is not a metric of task '
+        f'{task.name!r}: choose one of {list(accepted)} (or \'\' to keep '
+        'no best checkpoint).')
+
 
 class Evaluator:
   """Evaluates parameters of `run` on its eval split; each process reads
-  the rows of its `share`. The eval step is compiled once per run."""
+  the rows of its `share`. The eval step is compiled once per run.
+  `scorer` also scores the translations decoded for BLEU."""
 
   def __init__(self, run: RunSpec, tokenizers, share: RowShare,
-               token_cache=None):
+               token_cache=None, scorer: Scorer | None = None):
+    check_scorer(run.config, scorer)
+    check_best_metric(run.config, run.task, scorer)
     self.run = run
     self.source_tok, self.target_tok = tokenizers
     self.share = share
     self.token_cache = token_cache
+    self.scorer = scorer
     self._eval_fn = None
-    best, known = run.config.checkpoint.best_metric, run.task.eval_metrics
-    if best and known and best not in known:
-      raise ValueError(
-          f'checkpoint.best_metric={best!r} is not a metric of task '
-          f'{run.task.name!r}: choose one of {list(known)} (or \'\' to keep '
-          'no best checkpoint).')
 
   def batches(self, split: str):
     """This process's rows of every batch of `split`."""
@@ -68,11 +102,22 @@ class Evaluator:
     if run.task.dev_metrics is not None:
       metrics.update(run.task.dev_metrics(_real_rows(rows)))
     if run.task.translates and eval_config.bleu_examples:
-      metrics.update(evaluate_lib.evaluate_translation(
-          params, run.model_config, run.config, self.source_tok,
-          self.target_tok, eval_config.split, run.mesh,
-          max_examples=eval_config.bleu_examples, beam_size=1))
+      metrics.update(self.translation_scores(params))
     return metrics
+
+  def translation_scores(self, params) -> dict[str, float]:
+    """BLEU, chrF and exact match of the eval split's first bleu_examples
+    sentences decoded greedily, and the scorer's metrics of them."""
+    run, split = self.run, self.run.config.eval.split
+    scores, hypotheses = evaluate_lib.decode_split(
+        params, run.model_config, run.config, self.source_tok,
+        self.target_tok, split, run.mesh,
+        max_examples=run.config.eval.bleu_examples, beam_size=1)
+    if self.scorer is not None:
+      pairs = sources_lib.read_split(run.config.data, split)[:len(hypotheses)]
+      scores.update(self.scorer([source for source, _ in pairs], hypotheses,
+                                [target for _, target in pairs]))
+    return scores
 
 
 def _real_rows(batches: list[dict[str, np.ndarray]]) -> dict[str, np.ndarray]:

@@ -77,3 +77,14 @@ class StopRequested:
   def __exit__(self, *exc):
     for sig, handler in self._previous.items():
       signal.signal(sig, handler)
+
+
+def stopped_before_training(signal_name: str,
+                            checkpoints: checkpoint_lib.Checkpointer) -> str:
+  """What a run stopped by `signal_name` before its first step says: what
+  was (not) written, and the latest checkpoint."""
+  latest = checkpoints.latest_step()
+  return (f'{signal_name} received before the first step: nothing was '
+          'trained and no checkpoint written (' + (
+              f'the latest is step {latest}' if latest is not None
+              else 'there is none yet') + f') in {checkpoints.directory}.')

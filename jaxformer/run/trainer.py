@@ -33,7 +33,7 @@ from jaxformer.run import pretrained
 from jaxformer.run import tracing
 from jaxformer.run.hooks import Boundary, Hooks
 from jaxformer.run.loop import Loop, open_loop
-from jaxformer.run.signals import StopRequested
+from jaxformer.run.signals import StopRequested, stopped_before_training
 from jaxformer.train.state import TrainState
 
 
@@ -51,9 +51,11 @@ class Trainer:
   """A run set up in `workdir`; `train()` trains it to num_steps."""
 
   def __init__(self, config: ml_collections.ConfigDict, workdir: str,
-               devices=None):
+               devices=None, scorer=None):
     """`devices`: the mesh's devices in order (default: all, as
-    `jax.make_mesh` orders them)."""
+    `jax.make_mesh` orders them); `scorer`: what scores the translations
+    of each evaluation beside BLEU (`run/evaluation.py` `Scorer`; needed
+    with eval.comet: the cli's `comet_scorer`)."""
     start = time.monotonic()
     cluster.initialize_distributed(config.distributed)
     self.goodput = goodput_lib.Goodput(workdir, start)
@@ -68,7 +70,8 @@ class Trainer:
     self.goodput.watch(self.checkpoints)
     self.trace = tracing.StepTrace(config.train, workdir)
     try:
-      run = assembly.assemble(config, workdir, self.checkpoints, devices)
+      run = assembly.assemble(config, workdir, self.checkpoints, devices,
+                              scorer)
     except BaseException:
       self.checkpoints.close()  # Or its threads outlive the error.
       raise
@@ -143,7 +146,7 @@ class Trainer:
       self.spec = self.spec.with_plan(self.loop.plan)
     if stop.signalled():
       self.loop.close()
-      self._say_stopped_before_training(stop)
+      self.log(stopped_before_training(stop.signal_name, self.checkpoints))
       return TrainResult(self.loop.final, state, False)
     start, num_steps = self.loop.start_step, self.config.train.num_steps
     self.log(f'The checkpoint of step {start} is already at '
@@ -162,14 +165,6 @@ class Trainer:
             self.log)
     self.loop.close()
     return TrainResult(self.loop.final, state, finished)
-
-  def _say_stopped_before_training(self, stop: StopRequested) -> None:
-    latest = self.checkpoints.latest_step()
-    self.log(f'{stop.signal_name} received before the first step: nothing '
-             'was trained and no checkpoint written (' + (
-                 f'the latest is step {latest}' if latest is not None
-                 else 'there is none yet') + f') in '
-             f'{self.checkpoints.directory}.')
 
   def _compiled_step(self, shardings):
     return self.goodput.first_call_timed(self.spec.train_step(shardings))
@@ -292,7 +287,8 @@ class Trainer:
       return self.evaluator.of_state(state)
 
 
-def train(config: ml_collections.ConfigDict, workdir: str) -> dict:
+def train(config: ml_collections.ConfigDict, workdir: str,
+          scorer=None) -> dict:
   """Trains (or resumes) in `workdir`; returns the last logged metrics."""
   checkpoint_lib.make_workdir(workdir)
-  return Trainer(config, workdir).run()
+  return Trainer(config, workdir, scorer=scorer).run()
