@@ -148,6 +148,36 @@ def token_rows(model: comet.Comet, texts: Sequence[str]) -> np.ndarray:
   return padded(model, token_ids(model, texts))
 
 
+def _arrays(model: comet.Comet):
+  """The model's weights: the jitted programs' arguments."""
+  return model.encoder_params, model.mix_weights, model.estimator
+
+
+def _spec(model: comet.Comet) -> comet.Comet:
+  """The model without its weights or tokenizer (hashable): a jitted
+  program's static part, so that one program serves every call and the
+  weights are never baked in as constants."""
+  return model._replace(encoder_params=None, mix_weights=None,
+                        estimator=None, tokenizer=None)
+
+
+def _whole(spec: comet.Comet, arrays) -> comet.Comet:
+  encoder_params, mix_weights, estimator = arrays
+  return spec._replace(encoder_params=encoder_params,
+                       mix_weights=mix_weights, estimator=estimator)
+
+
+@functools.partial(jax.jit, static_argnums=0)
+def _embedded(spec, arrays, ids):
+  return sentence_embeddings(_whole(spec, arrays), ids)
+
+
+@functools.partial(jax.jit, static_argnums=0)
+def _estimated(spec, arrays, ids):
+  model = _whole(spec, arrays)
+  return estimate(model, sentence_embeddings(model, ids))
+
+
 def sentence_scores(model: comet.Comet, sources: Sequence[str],
                     translations: Sequence[str],
                     references: Sequence[str] | None = None,
@@ -158,7 +188,7 @@ def sentence_scores(model: comet.Comet, sources: Sequence[str],
                            batch_size)
   if 'ref' in model.segments and references is None:
     raise comet.CometError(f'{model.kind} needs references')
-  embed = jax.jit(functools.partial(sentence_embeddings, model))
+  embed = functools.partial(_embedded, _spec(model), _arrays(model))
   scores = []
   for start in range(0, len(translations), batch_size):
     part = slice(start, start + batch_size)
@@ -182,7 +212,7 @@ def _unified_scores(model: comet.Comet, sources, translations, references,
                            f'{["mt", *model.segments]} needs sources')
   orders = ([['src'], ['ref'], ['src', 'ref']] if len(names) == 2
             else [names])
-  score = jax.jit(lambda ids: estimate(model, sentence_embeddings(model, ids)))
+  score = functools.partial(_estimated, _spec(model), _arrays(model))
   scores = []
   for start in range(0, len(translations), batch_size):
     part = slice(start, start + batch_size)
