@@ -1,7 +1,7 @@
 """A split's rows, built when a batch asks for them: from arrays in memory
 (`ArrayRows`), or from the memory-mapped shards of the token cache
 (`PackedRows`, `PairRows`, `LabelledRows`), so that a host's memory does not
-grow with the corpus: it holds the shards' lengths' running sums (8 bytes an
+grow with the corpus: it holds the shards' lengths' running sums (4 bytes an
 example, made when a shard is first read) and the rows of a batch.
 
 Every table has `num_rows` and `take(chosen)`: the rows `chosen` [k]
@@ -64,8 +64,13 @@ class ShardedRagged:
     return int(self.value_starts[-1])
 
   def ends(self, shard: int) -> np.ndarray:
+    """The running sum of the shard's lengths: int32 where its values
+    allow (a shard is a piece of --token_cache_piece_bytes), halving what
+    a host holds per example."""
     if shard not in self._ends:
-      self._ends[shard] = np.cumsum(self.lengths[shard], dtype=np.int64)
+      size = self.value_starts[shard + 1] - self.value_starts[shard]
+      dtype = np.int32 if size < np.iinfo(np.int32).max else np.int64
+      self._ends[shard] = np.cumsum(self.lengths[shard], dtype=dtype)
     return self._ends[shard]
 
   def _checked(self, values: np.ndarray) -> np.ndarray:
