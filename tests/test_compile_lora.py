@@ -1,7 +1,7 @@
 """`jaxformer compile` of LoRA fine-tuning at a small shape (the 8B table
 of docs/finetune-llama.md is made the same way): the adapters' train
-state is a sliver of the full fine-tune's, and an int8 base a quarter of
-a float32 one's kernels."""
+state is a sliver of the full fine-tune's, an int8 base a quarter of a
+float32 one's kernels, an nf4 base less again."""
 import pytest
 
 pytest.importorskip(
@@ -30,9 +30,12 @@ def test_lora_train_state_is_a_sliver_of_the_full_one():
   full = train_memory([])
   lora_f32 = train_memory(LORA)
   lora_int8 = train_memory(LORA + ['--config.model.lora.base_dtype=int8'])
+  lora_nf4 = train_memory(LORA + ['--config.model.lora.base_dtype=nf4'])
   print(f'arguments per chip, GiB: full {full["arguments"]:.4f}, LoRA '
         f'(float32 base) {lora_f32["arguments"]:.4f}, LoRA (int8 base) '
-        f'{lora_int8["arguments"]:.4f}')
+        f'{lora_int8["arguments"]:.4f}, LoRA (nf4 base) '
+        f'{lora_nf4["arguments"]:.4f}')
   # Adam's two moments of every parameter are gone: about a third left.
   assert lora_f32['arguments'] < 0.45 * full['arguments']
-  assert lora_int8['arguments'] < lora_f32['arguments']
+  assert lora_nf4['arguments'] < lora_int8['arguments'] < (
+      lora_f32['arguments'])

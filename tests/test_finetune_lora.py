@@ -42,6 +42,28 @@ def test_a_lora_finetune_trains_the_adapters_alone(setup, tmp_path):
 
 
 @pytest.mark.slow
+def test_an_nf4_base_is_the_exports_kernels_quantized_and_stays_so(
+    setup, tmp_path):
+  from jaxformer.model import frozen_kernels
+  root, exports = setup
+  config = load_config(f'{CONFIG}:tsv', _overrides(
+      root, exports['own'], 'tsv', 8) + LORA + ['model.lora.base_dtype=nf4'])
+  Trainer(config, str(tmp_path)).run()
+  losses = [r['loss'] for r in read_metrics(str(tmp_path)) if 'loss' in r]
+  assert losses[-1] < losses[0], losses
+  start, tuned = _flat(trained.load(exports['own']).params), _flat(
+      trained.load(str(tmp_path)).params)
+  packed = [path for path in tuned if path[-1] == frozen_kernels.SCALE]
+  assert packed
+  for scale in packed:
+    kernel = scale[:-1] + ('kernel',)
+    codes, scales = frozen_kernels.nf4_of(start[kernel])
+    assert tuned[kernel].dtype == np.uint8
+    assert tuned[kernel].tobytes() == np.asarray(codes).tobytes(), kernel
+    assert tuned[scale].tobytes() == np.asarray(scales).tobytes(), scale
+
+
+@pytest.mark.slow
 def test_a_killed_lora_finetune_resumes_bitwise(setup, tmp_path,
                                                 process_environment):
   root, exports = setup

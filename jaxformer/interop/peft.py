@@ -20,7 +20,7 @@ import numpy as np
 
 from jaxformer.interop import folders, hf_folders, layout, llama
 from jaxformer.interop.weight_table import Tensor, tensor
-from jaxformer.model import lora
+from jaxformer.model import frozen_kernels, lora
 from jaxformer.model.config import ModelConfig
 
 CONFIG = 'adapter_config.json'
@@ -225,13 +225,17 @@ def merged_params(params, config: ModelConfig) -> dict:
   def merge(tree):
     if not isinstance(tree, dict):
       return tree
-    if 'lora_a' in tree:
-      kernel = tree['kernel']
-      delta = config.lora.scale * np.einsum(
-          '...or,...ri->...oi', tree['lora_b'], tree['lora_a'])
-      merged = {k: v for k, v in tree.items() if not lora.is_adapter((k,))}
-      merged['kernel'] = (kernel + delta.reshape(kernel.shape)).astype(
-          kernel.dtype)
+    if 'lora_a' in tree or frozen_kernels.SCALE in tree:
+      # A quantized base kernel becomes its float one (the plain model's).
+      kernel = np.asarray(frozen_kernels.dequantized(tree))
+      merged = {k: v for k, v in tree.items() if not lora.is_adapter((k,))
+                and k != frozen_kernels.SCALE}
+      merged['kernel'] = kernel
+      if 'lora_a' in tree:
+        delta = config.lora.scale * np.einsum(
+            '...or,...ri->...oi', tree['lora_b'], tree['lora_a'])
+        merged['kernel'] = (kernel + delta.reshape(kernel.shape)).astype(
+            kernel.dtype)
       return merged
     return {k: merge(v) for k, v in tree.items()}
   return merge(layout.numpy_tree(params))

@@ -1,7 +1,12 @@
 """How the frozen base kernels of a model with adapters are held
-(`model.lora.base_dtype`): float32 as trained, bfloat16, or int8 with one
-float32 scale per output feature (weight-only: the matmul runs in the
-compute dtype on the kernel dequantized, q * scale).
+(`model.lora.base_dtype`): float32 as trained, bfloat16, int8 with one
+float32 scale per output feature, or nf4 (QLoRA's 4-bit NormalFloat,
+Dettmers et al. 2023): blocks of up to 64 consecutive input features,
+each value the nearest of 16 levels (quantiles of a normal distribution
+scaled to [-1, 1]) times its block's absolute maximum, two 4-bit codes to
+a byte, one float32 scale per block (4.5 bits a weight; QLoRA's double
+quantization of the scales is not done). Weight-only: the matmul runs in
+the compute dtype on the kernel dequantized.
 
 Written here rather than with `qwix`: qwix is not installed in this
 environment and its LoRA/QLoRA path wraps Flax modules from outside
@@ -13,12 +18,23 @@ the mesh rules and the interop tables handle as they are.
 Only the projections of attention and the FFN (those adapters can
 target) are held so; embeddings, norms and heads keep float32.
 """
+import math
+
 import jax
 import jax.numpy as jnp
 from flax import linen as nn
 
-# The kernel's own parameter, and the int8 form's scales beside it.
+# The kernel's own parameter, and the int8 and nf4 forms' scales beside it.
 SCALE = 'kernel_scale'
+# NF4's 16 levels, as QLoRA (and bitsandbytes) define them; level 7 is 0.
+NF4_LEVELS = (-1.0, -0.6961928009986877, -0.5250730514526367,
+              -0.39491748809814453, -0.28444138169288635,
+              -0.18477343022823334, -0.09105003625154495, 0.0,
+              0.07958029955625534, 0.16093020141124725, 0.24611230194568634,
+              0.33791524171829224, 0.44070982933044434, 0.5626170039176941,
+              0.7229568362236023, 1.0)
+NF4_ZERO = 0x77  # A byte of two zero codes.
+NF4_BLOCK = 64
 
 
 def base_dtype(config) -> str:
@@ -37,9 +53,19 @@ def kernel(module: nn.Module, shape: tuple[int, ...], out_ndim: int,
   if dtype in ('float32', 'bfloat16'):
     return module.param('kernel', nn.with_logical_partitioning(init, axes),
                         shape, jnp.dtype(dtype))
+  if dtype == 'nf4':
+    block = nf4_block(shape[-1])
+    codes = module.param('kernel', nn.with_logical_partitioning(
+        nn.initializers.constant(NF4_ZERO), axes),
+                         (*shape[:-1], shape[-1] // 2), jnp.uint8)
+    # A kernel's blocks may be too few to shard as its inputs are.
+    scale = module.param(SCALE, nn.with_logical_partitioning(
+        nn.initializers.ones, (*axes[:-1], None)),
+                         (*shape[:-1], shape[-1] // block), jnp.float32)
+    return nf4_values(codes, scale)
   if dtype != 'int8':
-    raise ValueError(f'model.lora.base_dtype={dtype!r} is not supported yet; '
-                     "use 'float32', 'bfloat16' or 'int8'.")
+    raise ValueError(f'model.lora.base_dtype={dtype!r} is not supported; '
+                     "use 'float32', 'bfloat16', 'int8' or 'nf4'.")
   values = module.param('kernel', nn.with_logical_partitioning(
       nn.initializers.zeros, axes), shape, jnp.int8)
   scale = module.param(SCALE, nn.with_logical_partitioning(
@@ -61,16 +87,70 @@ def int8_of(kernel_values: jax.Array, out_ndim: int
   return jnp.clip(values, -127, 127).astype(jnp.int8), scale
 
 
+def nf4_block(features: int) -> int:
+  """The block of a kernel whose last axis has `features` inputs: 64, or
+  fewer where 64 does not divide them (their greatest common divisor)."""
+  if features % 2:
+    raise ValueError(f'model.lora.base_dtype=nf4 packs two inputs a byte; '
+                     f'a projection has {features} (odd): use int8.')
+  return math.gcd(NF4_BLOCK, features)
+
+
+def nf4_of(kernel_values: jax.Array) -> tuple[jax.Array, jax.Array]:
+  """(codes [..., n / 2] uint8, two a byte, the first in the high half;
+  scales [..., n / block] float32) of a float kernel [..., n]: each value
+  the nearest NF4 level of value / its block's largest |value|."""
+  *lead, n = kernel_values.shape
+  block = nf4_block(n)
+  blocks = kernel_values.astype(jnp.float32).reshape(*lead, n // block,
+                                                     block)
+  largest = jnp.max(jnp.abs(blocks), axis=-1)
+  scale = jnp.where(largest > 0, largest, 1.0)
+  levels = jnp.asarray(NF4_LEVELS, jnp.float32)
+  codes = jnp.argmin(jnp.abs(blocks[..., None] / scale[..., None, None]
+                             - levels), axis=-1).astype(jnp.uint8)
+  codes = codes.reshape(*lead, n // 2, 2)
+  return (codes[..., 0] << 4) | codes[..., 1], scale
+
+
+def nf4_values(codes: jax.Array, scale: jax.Array) -> jax.Array:
+  """The float32 kernel [..., n] of `nf4_of`'s codes and scales."""
+  codes = jnp.asarray(codes).astype(jnp.uint8)
+  *lead, half = codes.shape
+  n = 2 * half
+  pairs = jnp.stack([codes >> 4, codes & 15], axis=-1).reshape(*lead, n)
+  values = jnp.asarray(NF4_LEVELS, jnp.float32)[pairs.astype(jnp.int32)]
+  blocks = scale.shape[-1]
+  return (values.reshape(*lead, blocks, n // blocks)
+          * scale[..., None]).reshape(*lead, n)
+
+
+def dequantized(tree: dict) -> jax.Array:
+  """The float kernel of a projection's parameters `tree` (its 'kernel',
+  and SCALE where quantized), in the shape the float model holds it."""
+  values = tree['kernel']
+  if SCALE not in tree:
+    return values
+  scale = tree[SCALE]
+  if scale.ndim == values.ndim:  # nf4's, per block; int8's, per output.
+    return nf4_values(values, scale)
+  return values.astype(jnp.float32) * scale.reshape(
+      scale.shape + (1,) * (values.ndim - scale.ndim))
+
+
 def quantize(params, abstract) -> dict:
   """`params` (float kernels, e.g. an export's) in the form `abstract`
-  (the model's abstract parameters) holds them: int8 kernels with their
-  scales where it has a SCALE beside them, every leaf cast to its dtype."""
+  (the model's abstract parameters) holds them: int8 or nf4 kernels with
+  their scales where it has a SCALE beside them, every leaf cast to its
+  dtype."""
   def convert(tree, target):
     if not isinstance(target, dict):
       return tree.astype(target.dtype)
     out = {name: convert(tree[name], target[name])
            for name in target if name != SCALE}
-    if SCALE in target:  # Scanned layers: both lead with the layer axis.
+    if SCALE in target and target['kernel'].dtype == jnp.uint8:
+      out['kernel'], out[SCALE] = nf4_of(tree['kernel'])
+    elif SCALE in target:  # Scanned layers: both lead with the layer axis.
       out['kernel'], out[SCALE] = int8_of(tree['kernel'],
                                           target[SCALE].ndim)
     return out

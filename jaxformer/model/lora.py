@@ -20,7 +20,7 @@ GATED_FFN_PROJECTIONS = ('gate', 'up', 'down')
 PLAIN_FFN_PROJECTIONS = ('ffn_in', 'ffn_out')
 # The parameters an adapter adds to a projection, next to its kernel.
 ADAPTER_PARAMS = ('lora_a', 'lora_b')
-BASE_DTYPES = ('float32', 'bfloat16', 'int8')
+BASE_DTYPES = ('float32', 'bfloat16', 'int8', 'nf4')
 
 
 @dataclasses.dataclass(frozen=True)
@@ -33,7 +33,8 @@ class LoraConfig:
     alpha / rank (alpha / sqrt(rank) with use_rslora).
   dropout: on the adapter's input only, while training.
   base_dtype: how the frozen projections' kernels are held: 'float32' (as
-    trained), 'bfloat16', or 'int8' (weight-only, `model/frozen_kernels.py`).
+    trained), 'bfloat16', 'int8' or 'nf4' (weight-only,
+    `model/frozen_kernels.py`).
   """
   targets: str = ''
   rank: int = 8

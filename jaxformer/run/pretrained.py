@@ -100,10 +100,10 @@ def pretrained_params(directory: str, run: RunSpec, fresh=None):
   """The parameters of the export `directory`, placed as the model of
   `run` wants them; a head the export lacks, or has of another width (its
   labels came from the data), and adapters are `fresh`'s (the run's
-  initial parameters). An int8 base (model.lora.base_dtype) is read as
-  the export's floats and quantized."""
-  if frozen_kernels.base_dtype(run.model_config) == 'int8':
-    return _int8_pretrained(directory, run, fresh)
+  initial parameters). An int8 or nf4 base (model.lora.base_dtype) is
+  read as the export's floats and quantized."""
+  if frozen_kernels.base_dtype(run.model_config) in ('int8', 'nf4'):
+    return _quantized_pretrained(directory, run, fresh)
   target = run.abstract_params()
   mine = _by_path(target)
   saved = exports.param_shapes(directory)
@@ -132,8 +132,8 @@ def pretrained_params(directory: str, run: RunSpec, fresh=None):
       fresh)
 
 
-def _int8_pretrained(directory: str, run: RunSpec, fresh):
-  """`pretrained_params` of a run whose projections are int8: read as
+def _quantized_pretrained(directory: str, run: RunSpec, fresh):
+  """`pretrained_params` of a run whose projections are quantized: read as
   float32 (the run's model with a float32 base), then quantized and
   placed."""
   config = run.model_config

@@ -244,7 +244,115 @@ def test_a_bfloat16_base_holds_the_projections_in_bfloat16():
               ].dtype == np.float32
 
 
-def test_nf4_is_refused_with_the_supported_dtypes():
-  with pytest.raises(ValueError, match="base_dtype='nf4' is not one of "
-                     r"\('float32', 'bfloat16', 'int8'\)"):
-    family_config('translation', lora=dict(targets='q', base_dtype='nf4'))
+def numpy_nf4(values, block):
+  """NF4 in numpy, as QLoRA defines it: each value the nearest of the 16
+  levels times its block's largest |value|."""
+  from jaxformer.model import frozen_kernels
+  levels = np.asarray(frozen_kernels.NF4_LEVELS, np.float32)
+  blocks = values.astype(np.float32).reshape(*values.shape[:-1], -1, block)
+  scale = np.abs(blocks).max(-1, keepdims=True)
+  nearest = np.abs((blocks / scale)[..., None] - levels)
+  return (levels[nearest.argmin(-1)] * scale).reshape(values.shape)
+
+
+@pytest.mark.parametrize('features', [128, 48, 10])
+def test_nf4_values_are_the_nearest_levels_times_the_block_maximum(features):
+  from jaxformer.model import frozen_kernels
+  values = np.random.default_rng(features).normal(
+      size=(3, 5, features)).astype(np.float32)
+  codes, scale = frozen_kernels.nf4_of(values)
+  block = frozen_kernels.nf4_block(features)
+  assert block == {128: 64, 48: 16, 10: 2}[features]
+  assert codes.dtype == np.uint8 and codes.shape == (3, 5, features // 2)
+  assert scale.shape == (3, 5, features // block)
+  np.testing.assert_array_equal(
+      np.asarray(frozen_kernels.nf4_values(codes, scale)),
+      numpy_nf4(values, block))
+
+
+@pytest.mark.parametrize('base_dtype', ['int8', 'nf4'])
+def test_a_quantized_base_merges_into_the_plain_model_it_computes(
+    base_dtype):
+  """An adapted model with an int8 or nf4 base, merged (`peft.merged_params`:
+  what `jaxformer export --format hf` writes), is the plain float32 model
+  with the dequantized kernels plus scale * B A: the same logits."""
+  from flax import linen as nn
+  from jaxformer.interop import peft
+  from jaxformer.model import frozen_kernels
+  lora_config = lora.LoraConfig(targets='q,v', rank=2,
+                                base_dtype=base_dtype)
+  config = family_config('language_model', lora=lora_config)
+  batch = batch_of('language_model')
+  task = get_task('language_model')
+  floats = init('language_model', config.replace(
+      lora=dataclasses.replace(lora_config, base_dtype='float32')), batch)
+  flat = traverse_util.flatten_dict(floats)
+  rng = np.random.default_rng(0)
+  for path in flat:
+    if path[-1] == 'lora_b':
+      flat[path] = rng.normal(size=flat[path].shape).astype(np.float32)
+  abstract = nn.unbox(jax.eval_shape(lambda: task.init_variables(
+      task.model(config), jax.random.key(0), batch))['params'])
+  quantized = frozen_kernels.quantize(traverse_util.unflatten_dict(flat),
+                                      abstract)
+  kernel = ('decoder', 'layer_0', 'ffn', 'wi_0', 'kernel')
+  assert traverse_util.flatten_dict(quantized)[kernel].dtype == (
+      np.uint8 if base_dtype == 'nf4' else np.int8)
+  adapted = outputs('language_model', config, quantized, batch)
+  plain = config.replace(lora=lora.LoraConfig())
+  merged = peft.merged_params(quantized, config)
+  assert not any(frozen_kernels.SCALE in path or lora.is_adapter(path)
+                 for path in traverse_util.flatten_dict(merged))
+  np.testing.assert_allclose(
+      np.asarray(outputs('language_model', plain, merged, batch)),
+      np.asarray(adapted), atol=1e-4, rtol=1e-4)
+
+
+def test_an_nf4_base_computes_the_float_model_on_its_rounded_kernels():
+  from flax import linen as nn
+  from jaxformer.model import frozen_kernels
+  lora_config = lora.LoraConfig(targets='q,v', rank=2)
+  config = family_config('language_model', lora=lora_config)
+  nf4 = config.replace(lora=dataclasses.replace(lora_config,
+                                                base_dtype='nf4'))
+  batch = batch_of('language_model')
+  params = init('language_model', config, batch)
+  task = get_task('language_model')
+  abstract = nn.unbox(jax.eval_shape(lambda: task.init_variables(
+      task.model(nf4), jax.random.key(0), batch))['params'])
+  quantized = frozen_kernels.quantize(params, abstract)
+  flat = traverse_util.flatten_dict(quantized)
+  kernel = ('decoder', 'layer_0', 'ffn', 'wi_0', 'kernel')
+  assert flat[kernel].dtype == np.uint8 and flat[kernel].shape == (48, 16)
+  assert flat[kernel[:-1] + (frozen_kernels.SCALE,)].shape == (48, 1)
+  # The float model on kernels rounded to NF4 in numpy computes the same.
+  rounded = traverse_util.flatten_dict(params)
+  for path in rounded:
+    if path[:-1] + (frozen_kernels.SCALE,) in flat:
+      rounded[path] = numpy_nf4(rounded[path], frozen_kernels.nf4_block(
+          rounded[path].shape[-1]))
+  reference = outputs('language_model', config,
+                      traverse_util.unflatten_dict(rounded), batch)
+  got = outputs('language_model', nf4, quantized, batch)
+  np.testing.assert_allclose(np.asarray(got), np.asarray(reference),
+                             atol=1e-5, rtol=1e-5)
+  exact = outputs('language_model', config, params, batch)
+  assert not np.allclose(np.asarray(got), np.asarray(exact), atol=1e-3)
+
+
+def test_a_fresh_nf4_kernel_is_zero():
+  config = family_config('translation', lora=dict(targets='q',
+                                                   base_dtype='nf4'))
+  from jaxformer.model import frozen_kernels
+  flat = traverse_util.flatten_dict(init('translation', config,
+                                         batch_of('translation')))
+  ffn = ('encoder', 'layer_0', 'ffn', 'wi')
+  values = frozen_kernels.nf4_values(flat[ffn + ('kernel',)],
+                                     flat[ffn + (frozen_kernels.SCALE,)])
+  assert not np.asarray(values).any()
+
+
+def test_an_unknown_base_dtype_is_refused_with_the_supported_ones():
+  with pytest.raises(ValueError, match="base_dtype='fp4' is not one of "
+                     r"\('float32', 'bfloat16', 'int8', 'nf4'\)"):
+    family_config('translation', lora=dict(targets='q', base_dtype='fp4'))

@@ -90,12 +90,14 @@ def test_split_and_merge_are_inverse():
   assert frozen_base.split(plain) == (plain, {})
 
 
-def test_an_int8_base_stays_int8_and_unchanged():
-  config = tiny_model(lora=dict(targets='q,v', rank=2, base_dtype='int8'))
+@pytest.mark.parametrize('base_dtype, stored', [('int8', np.int8),
+                                                ('nf4', np.uint8)])
+def test_a_quantized_base_stays_quantized_and_unchanged(base_dtype, stored):
+  config = tiny_model(lora=dict(targets='q,v', rank=2, base_dtype=base_dtype))
   initial, final, _, losses = run(config, {'data': 2, 'fsdp': 4}, steps=2)
   assert np.all(np.isfinite(losses))
   kernel = ('encoder', 'layer_0', 'self_attention', 'query', 'kernel')
-  assert final[kernel].dtype == np.int8
+  assert final[kernel].dtype == stored
   for path in final:
     if not lora.is_adapter(path):
       assert final[path].tobytes() == initial[path].tobytes(), path
