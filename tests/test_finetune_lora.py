@@ -57,7 +57,10 @@ def test_an_nf4_base_is_the_exports_kernels_quantized_and_stays_so(
   assert packed
   for scale in packed:
     kernel = scale[:-1] + ('kernel',)
-    codes, scales = frozen_kernels.nf4_of(start[kernel])
+    # The scales are blocked along the one axis they have fewer of.
+    [axis] = [i for i, (k, n) in enumerate(zip(start[kernel].shape,
+                                               tuned[scale].shape)) if k != n]
+    codes, scales = frozen_kernels.nf4_of(start[kernel], axis + 1)
     assert tuned[kernel].dtype == np.uint8
     assert tuned[kernel].tobytes() == np.asarray(codes).tobytes(), kernel
     assert tuned[scale].tobytes() == np.asarray(scales).tobytes(), scale

@@ -1,12 +1,15 @@
 """How the frozen base kernels of a model with adapters are held
 (`model.lora.base_dtype`): float32 as trained, bfloat16, int8 with one
 float32 scale per output feature, or nf4 (QLoRA's 4-bit NormalFloat,
-Dettmers et al. 2023): blocks of up to 64 consecutive input features,
-each value the nearest of 16 levels (quantiles of a normal distribution
-scaled to [-1, 1]) times its block's absolute maximum, two 4-bit codes to
-a byte, one float32 scale per block (4.5 bits a weight; QLoRA's double
-quantization of the scales is not done). Weight-only: the matmul runs in
-the compute dtype on the kernel dequantized.
+Dettmers et al. 2023): each value the nearest of 16 levels (quantiles of a
+normal distribution scaled to [-1, 1]) times the absolute maximum of its
+block, two 4-bit codes to a byte along the inputs, one float32 scale a
+block (4.5 bits a weight; QLoRA's double quantization of the scales is not
+done). A block is up to 64 consecutive output features of one input
+(bitsandbytes blocks the flattened [out, in] kernel along its inputs):
+so the scales keep the kernel's input axes and are sharded as it is,
+where blocks along the inputs could be too few to shard. Weight-only: the
+matmul runs in the compute dtype on the kernel dequantized.
 
 Written here rather than with `qwix`: qwix is not installed in this
 environment and its LoRA/QLoRA path wraps Flax modules from outside
@@ -54,14 +57,17 @@ def kernel(module: nn.Module, shape: tuple[int, ...], out_ndim: int,
     return module.param('kernel', nn.with_logical_partitioning(init, axes),
                         shape, jnp.dtype(dtype))
   if dtype == 'nf4':
-    block = nf4_block(shape[-1])
+    if shape[-1] % 2:
+      raise ValueError(f'model.lora.base_dtype=nf4 packs two inputs a '
+                       f'byte; a projection has {shape[-1]} (odd): use int8.')
     codes = module.param('kernel', nn.with_logical_partitioning(
         nn.initializers.constant(NF4_ZERO), axes),
                          (*shape[:-1], shape[-1] // 2), jnp.uint8)
-    # A kernel's blocks may be too few to shard as its inputs are.
+    blocks = list(shape)
+    blocks[out_ndim - 1] //= nf4_block(shape[out_ndim - 1])
     scale = module.param(SCALE, nn.with_logical_partitioning(
-        nn.initializers.ones, (*axes[:-1], None)),
-                         (*shape[:-1], shape[-1] // block), jnp.float32)
+        nn.initializers.ones, (*axes[:out_ndim - 1], None,
+                               *axes[out_ndim:])), tuple(blocks), jnp.float32)
     return nf4_values(codes, scale)
   if dtype != 'int8':
     raise ValueError(f'model.lora.base_dtype={dtype!r} is not supported; '
@@ -88,41 +94,61 @@ def int8_of(kernel_values: jax.Array, out_ndim: int
 
 
 def nf4_block(features: int) -> int:
-  """The block of a kernel whose last axis has `features` inputs: 64, or
-  fewer where 64 does not divide them (their greatest common divisor)."""
-  if features % 2:
-    raise ValueError(f'model.lora.base_dtype=nf4 packs two inputs a byte; '
-                     f'a projection has {features} (odd): use int8.')
+  """The block along an output axis of `features`: 64, or fewer where 64
+  does not divide them (their greatest common divisor)."""
   return math.gcd(NF4_BLOCK, features)
 
 
-def nf4_of(kernel_values: jax.Array) -> tuple[jax.Array, jax.Array]:
-  """(codes [..., n / 2] uint8, two a byte, the first in the high half;
-  scales [..., n / block] float32) of a float kernel [..., n]: each value
-  the nearest NF4 level of value / its block's largest |value|."""
-  *lead, n = kernel_values.shape
-  block = nf4_block(n)
-  blocks = kernel_values.astype(jnp.float32).reshape(*lead, n // block,
-                                                     block)
-  largest = jnp.max(jnp.abs(blocks), axis=-1)
+def _block_axis(kernel_shape, scale_shape) -> int:
+  """The axis of an nf4 kernel [*shape] its scales are blocked along: the
+  one where the scales are fewer (0 where blocks are single values)."""
+  fewer = [i for i, (k, s) in enumerate(zip(kernel_shape, scale_shape))
+           if k != s]
+  return fewer[0] if fewer else 0
+
+
+def _blocked(values: jax.Array, axis: int, blocks: int) -> jax.Array:
+  """values [..., n, ...] -> [..., blocks, n / blocks, ...] at `axis`."""
+  shape = values.shape
+  return values.reshape(*shape[:axis], blocks, shape[axis] // blocks,
+                        *shape[axis + 1:])
+
+
+def nf4_of(kernel_values: jax.Array, out_ndim: int
+           ) -> tuple[jax.Array, jax.Array]:
+  """(codes [..., n / 2] uint8, two inputs a byte, the first in the high
+  half; scales float32, the kernel's shape with its last output axis cut
+  to its blocks) of a float kernel [*out, *in], out_ndim output axes
+  (after a scanned kernel's layer axis): each value the nearest NF4 level
+  of value / its block's largest |value|."""
+  axis = out_ndim - 1
+  size = kernel_values.shape[axis]
+  return _nf4(kernel_values, axis, size // nf4_block(size))
+
+
+def _nf4(kernel_values: jax.Array, axis: int, blocks: int):
+  """`nf4_of` with `blocks` blocks along `axis`."""
+  values = kernel_values.astype(jnp.float32)
+  blocked = _blocked(values, axis, blocks)
+  largest = jnp.max(jnp.abs(blocked), axis=axis + 1, keepdims=True)
   scale = jnp.where(largest > 0, largest, 1.0)
   levels = jnp.asarray(NF4_LEVELS, jnp.float32)
-  codes = jnp.argmin(jnp.abs(blocks[..., None] / scale[..., None, None]
-                             - levels), axis=-1).astype(jnp.uint8)
-  codes = codes.reshape(*lead, n // 2, 2)
-  return (codes[..., 0] << 4) | codes[..., 1], scale
+  codes = jnp.argmin(jnp.abs((blocked / scale)[..., None] - levels),
+                     axis=-1).astype(jnp.uint8).reshape(values.shape)
+  pairs = codes.reshape(*codes.shape[:-1], codes.shape[-1] // 2, 2)
+  return ((pairs[..., 0] << 4) | pairs[..., 1],
+          jnp.squeeze(scale, axis + 1))
 
 
 def nf4_values(codes: jax.Array, scale: jax.Array) -> jax.Array:
-  """The float32 kernel [..., n] of `nf4_of`'s codes and scales."""
+  """The float32 kernel of `nf4_of`'s codes and scales."""
   codes = jnp.asarray(codes).astype(jnp.uint8)
-  *lead, half = codes.shape
-  n = 2 * half
-  pairs = jnp.stack([codes >> 4, codes & 15], axis=-1).reshape(*lead, n)
+  pairs = jnp.stack([codes >> 4, codes & 15], axis=-1).reshape(
+      *codes.shape[:-1], 2 * codes.shape[-1])
   values = jnp.asarray(NF4_LEVELS, jnp.float32)[pairs.astype(jnp.int32)]
-  blocks = scale.shape[-1]
-  return (values.reshape(*lead, blocks, n // blocks)
-          * scale[..., None]).reshape(*lead, n)
+  axis = _block_axis(values.shape, scale.shape)
+  blocked = _blocked(values, axis, scale.shape[axis])
+  return (blocked * jnp.expand_dims(scale, axis + 1)).reshape(values.shape)
 
 
 def dequantized(tree: dict) -> jax.Array:
@@ -149,7 +175,9 @@ def quantize(params, abstract) -> dict:
     out = {name: convert(tree[name], target[name])
            for name in target if name != SCALE}
     if SCALE in target and target['kernel'].dtype == jnp.uint8:
-      out['kernel'], out[SCALE] = nf4_of(tree['kernel'])
+      axis = _block_axis(tree['kernel'].shape, target[SCALE].shape)
+      out['kernel'], out[SCALE] = _nf4(tree['kernel'], axis,
+                                       target[SCALE].shape[axis])
     elif SCALE in target:  # Scanned layers: both lead with the layer axis.
       out['kernel'], out[SCALE] = int8_of(tree['kernel'],
                                           target[SCALE].ndim)

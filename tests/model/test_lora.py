@@ -244,30 +244,40 @@ def test_a_bfloat16_base_holds_the_projections_in_bfloat16():
               ].dtype == np.float32
 
 
-def numpy_nf4(values, block):
+def numpy_nf4(values, out_ndim):
   """NF4 in numpy, as QLoRA defines it: each value the nearest of the 16
-  levels times its block's largest |value|."""
+  levels times its block's largest |value|, a block up to 64 consecutive
+  values along the last output axis."""
+  import math
   from jaxformer.model import frozen_kernels
   levels = np.asarray(frozen_kernels.NF4_LEVELS, np.float32)
-  blocks = values.astype(np.float32).reshape(*values.shape[:-1], -1, block)
+  axis = out_ndim - 1
+  size = values.shape[axis]
+  block = math.gcd(64, size)
+  moved = np.moveaxis(values.astype(np.float32), axis, -1)
+  blocks = moved.reshape(*moved.shape[:-1], size // block, block)
   scale = np.abs(blocks).max(-1, keepdims=True)
   nearest = np.abs((blocks / scale)[..., None] - levels)
-  return (levels[nearest.argmin(-1)] * scale).reshape(values.shape)
+  rounded = (levels[nearest.argmin(-1)] * scale).reshape(moved.shape)
+  return np.moveaxis(rounded, -1, axis)
 
 
-@pytest.mark.parametrize('features', [128, 48, 10])
-def test_nf4_values_are_the_nearest_levels_times_the_block_maximum(features):
+@pytest.mark.parametrize('shape, out_ndim, blocks', [
+    ((128, 6), 1, 2), ((3, 48, 10), 2, 3), ((10, 4, 8), 1, 5)])
+def test_nf4_values_are_the_nearest_levels_times_the_block_maximum(
+    shape, out_ndim, blocks):
   from jaxformer.model import frozen_kernels
-  values = np.random.default_rng(features).normal(
-      size=(3, 5, features)).astype(np.float32)
-  codes, scale = frozen_kernels.nf4_of(values)
-  block = frozen_kernels.nf4_block(features)
-  assert block == {128: 64, 48: 16, 10: 2}[features]
-  assert codes.dtype == np.uint8 and codes.shape == (3, 5, features // 2)
-  assert scale.shape == (3, 5, features // block)
+  values = np.random.default_rng(len(shape)).normal(
+      size=shape).astype(np.float32)
+  codes, scale = frozen_kernels.nf4_of(values, out_ndim)
+  assert codes.dtype == np.uint8
+  assert codes.shape == (*shape[:-1], shape[-1] // 2)
+  blocked = list(shape)
+  blocked[out_ndim - 1] = blocks
+  assert scale.shape == tuple(blocked)
   np.testing.assert_array_equal(
       np.asarray(frozen_kernels.nf4_values(codes, scale)),
-      numpy_nf4(values, block))
+      numpy_nf4(values, out_ndim))
 
 
 @pytest.mark.parametrize('base_dtype', ['int8', 'nf4'])
@@ -324,13 +334,15 @@ def test_an_nf4_base_computes_the_float_model_on_its_rounded_kernels():
   flat = traverse_util.flatten_dict(quantized)
   kernel = ('decoder', 'layer_0', 'ffn', 'wi_0', 'kernel')
   assert flat[kernel].dtype == np.uint8 and flat[kernel].shape == (48, 16)
-  assert flat[kernel[:-1] + (frozen_kernels.SCALE,)].shape == (48, 1)
+  assert flat[kernel[:-1] + (frozen_kernels.SCALE,)].shape == (3, 32)
   # The float model on kernels rounded to NF4 in numpy computes the same.
   rounded = traverse_util.flatten_dict(params)
   for path in rounded:
-    if path[:-1] + (frozen_kernels.SCALE,) in flat:
-      rounded[path] = numpy_nf4(rounded[path], frozen_kernels.nf4_block(
-          rounded[path].shape[-1]))
+    scale = path[:-1] + (frozen_kernels.SCALE,)
+    if scale in flat:  # Blocked along the axis the scales have fewer of.
+      fewer = [i for i, (k, n) in enumerate(zip(rounded[path].shape,
+                                                 flat[scale].shape)) if k != n]
+      rounded[path] = numpy_nf4(rounded[path], fewer[0] + 1)
   reference = outputs('language_model', config,
                       traverse_util.unflatten_dict(rounded), batch)
   got = outputs('language_model', nf4, quantized, batch)
