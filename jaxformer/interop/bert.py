@@ -333,8 +333,9 @@ def import_folder(folder: str, out: str, base_config,
   weights = bart_weights.read_weights(folder, BertImportError)
   params = params_from_weights(weights, config, model_type, head_, folder)
   if adapt:
-    config, params = adapt(config, params, body_table(
-        config, _prefix(weights, model_type, folder)))
+    config, params = adapt(config, params, weight_table(
+        config, model_type, head_.task, True,
+        _prefix(weights, model_type, folder)))
   run = run_config(base_config, config, tokenizer, head_)
   folders.write_import(out, params, run, [tokenizer], folder, keep_provenance)
   return config, model_type, head_.task

@@ -207,7 +207,7 @@ def _base_of(trained):
       lora=lora.LoraConfig()))
 
 
-def export_layout(trained) -> tuple[list[Tensor], list, str]:
+def export_layout(trained) -> tuple[list[Tensor], list, str | None]:
   """(their weight table, [(path of a layer stack, its layers)], PEFT's
   task_type) of `trained`'s family; raises ValueError naming what keeps
   it from being a Llama, BERT-family or M2M100 model."""
@@ -216,8 +216,10 @@ def export_layout(trained) -> tuple[list[Tensor], list, str]:
   if trained.task.name in ('classification', 'regression'):
     hf_bert.check_exportable(base, '--format peft')
     kind = hf_bert.model_type(config, trained.source_tok)
-    return (bert.weight_table(config, kind, trained.task.name, False),
-            [(('body', 'encoder'), config.num_encoder_layers)], 'SEQ_CLS')
+    return (bert.weight_table(config, kind, trained.task.name, True),
+            # Not SEQ_CLS: PeftModel would want the head's weights in the
+            # adapter (modules_to_save), which the base has already.
+            [(('body', 'encoder'), config.num_encoder_layers)], None)
   if hf_m2m100.is_many_to_many(trained):
     reasons = hf_m2m100.blockers(config)
     if reasons:
