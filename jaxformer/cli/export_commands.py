@@ -116,6 +116,8 @@ def cmd_import(args, overrides) -> int:
   if args.num_labels is not None and model_type not in bert.MODEL_TYPES:
     raise ValueError(f'--num-labels applies to encoder imports ('
                      f'{", ".join(bert.MODEL_TYPES)}), not {model_type!r}.')
+  if args.adapter is not None:
+    return _import_adapter(args, model_type)
   if model_type in bert.MODEL_TYPES:
     _float32_only(args, 'BERT-family')
     config, model_type, task = bert.import_folder(
@@ -129,8 +131,6 @@ def cmd_import(args, overrides) -> int:
         args.from_, args.out, default_config(), args.keep_provenance)
     print(m2m100.report(config, languages, args.out))
     return 0
-  if args.adapter is not None:
-    return _import_adapter(args, model_type)
   if model_type in llama.MODEL_TYPES:
     config, model_type = llama.import_folder(
         args.from_, args.out, default_config(), args.dtype,
@@ -150,17 +150,18 @@ def cmd_import(args, overrides) -> int:
 
 
 def _import_adapter(args, model_type: str) -> int:
-  """A Llama-family base with a PEFT LoRA adapter (interop/peft.py)."""
+  """A Llama-family, BERT-family or M2M100/NLLB base with a PEFT LoRA
+  adapter (interop/peft.py)."""
   from jaxformer.config.settings import default_config
-  from jaxformer.interop import llama, peft
-  if model_type not in llama.MODEL_TYPES:
-    raise ValueError(f'--adapter: PEFT adapters import over Llama-family '
-                     f'bases ({", ".join(llama.MODEL_TYPES)}); '
-                     f'{args.from_} is {model_type!r}.')
-  config, model_type = peft.import_folder(
+  from jaxformer.interop import bert, m2m100, peft
+  if model_type in bert.MODEL_TYPES:
+    _float32_only(args, 'BERT-family')
+  if model_type == m2m100.MODEL_TYPE:
+    _float32_only(args, 'M2M100/NLLB')
+  config, report = peft.import_folder(
       args.from_, args.adapter, args.out, default_config(), args.dtype,
-      args.keep_provenance)
-  print(llama.report(config, model_type, args.out) + '\n'
+      args.keep_provenance, args.num_labels)
+  print(report + '\n'
         f'  with the LoRA adapter of {args.adapter} (model.lora: rank '
         f'{config.lora.rank} on {config.lora.targets}); '
         f'jaxformer export --format peft --from {args.out} --out DIR '
@@ -239,7 +240,7 @@ def add_parsers(commands) -> None:
                        '(default; bfloat16 checkpoints are widened exactly) '
                        'or bfloat16 (also the dtype it computes in)')
   import_.add_argument('--adapter', type=path, default=None,
-                       help='Llama family: a PEFT LoRA adapter folder '
+                       help='a PEFT LoRA adapter folder '
                        '(adapter_config.json, adapter_model.safetensors) '
                        'made for the --from model, imported as model.lora')
   import_.add_argument('--num-labels', type=POSITIVE_INT, default=None,

@@ -311,11 +311,12 @@ def _check_ids(hf: dict, tokenizer, folder: str) -> None:
 
 def import_folder(folder: str, out: str, base_config,
                   num_labels: int | None = None,
-                  keep_provenance: bool = False
+                  keep_provenance: bool = False, adapt=None
                   ) -> tuple[ModelConfig, str, str]:
   """Writes the jaxformer export of the BERT-family model in `folder` to
   `out` (which must not exist); returns its ModelConfig, model_type and
-  task ('classification' or 'regression')."""
+  task ('classification' or 'regression'). `adapt` (config, params,
+  table) -> (config, params) adds adapters (peft.py)."""
   folder = os.path.abspath(folder)
   try:
     out = folders.check_new(out)
@@ -331,6 +332,10 @@ def import_folder(folder: str, out: str, base_config,
   config = model_config(hf, model_type, tokenizer, head_)
   weights = bart_weights.read_weights(folder, BertImportError)
   params = params_from_weights(weights, config, model_type, head_, folder)
+  if adapt:
+    config, params = adapt(config, params, weight_table(
+        config, model_type, head_.task, True,
+        _prefix(weights, model_type, folder)))
   run = run_config(base_config, config, tokenizer, head_)
   folders.write_import(out, params, run, [tokenizer], folder, keep_provenance)
   return config, model_type, head_.task

@@ -308,10 +308,12 @@ def _weights(folder: str):
 
 
 def import_folder(folder: str, out: str, base_config, dtype: str = 'float32',
-                  keep_provenance: bool = False) -> tuple[ModelConfig, str]:
+                  keep_provenance: bool = False, adapt=None
+                  ) -> tuple[ModelConfig, str]:
   """Writes the jaxformer export of the Llama-family model in `folder` to
   `out` (which must not exist; it records `folder` if keep_provenance),
-  parameters in `dtype`; returns its ModelConfig and model_type."""
+  parameters in `dtype`; returns its ModelConfig and model_type. `adapt`
+  (config, params, table) -> (config, params) adds adapters (peft.py)."""
   if dtype not in DTYPES:
     raise LlamaImportError(
         f'--dtype {dtype}: choose one of {", ".join(DTYPES)}')
@@ -328,6 +330,8 @@ def import_folder(folder: str, out: str, base_config, dtype: str = 'float32',
   config = model_config(hf, model_type, special_ids(hf, tokenizer, folder),
                         dtype)
   params = params_from_weights(_weights(folder), config, dtype)
+  if adapt:
+    config, params = adapt(config, params, weight_table(config))
   run = run_config(base_config, config, tokenizer)
   folders.write_import(out, params, run, [tokenizer], folder, keep_provenance)
   return config, model_type

@@ -221,10 +221,12 @@ def run_config(base, config: ModelConfig, tokenizer):
 
 
 def import_folder(folder: str, out: str, base_config,
-                  keep_provenance: bool = False) -> tuple[ModelConfig, int]:
+                  keep_provenance: bool = False, adapt=None
+                  ) -> tuple[ModelConfig, int]:
   """Writes the jaxformer export of the M2M100/NLLB model in `folder` to
   `out` (which must not exist; it records `folder` if keep_provenance);
-  returns its ModelConfig and how many languages it has."""
+  returns its ModelConfig and how many languages it has. `adapt` (config,
+  params, table) -> (config, params) adds adapters (peft.py)."""
   folder = os.path.abspath(folder)
   try:
     out = folders.check_new(out)
@@ -234,6 +236,8 @@ def import_folder(folder: str, out: str, base_config,
   tokenizer = load_tokenizer(folder, config)
   params = params_from_weights(
       bart_weights.read_weights(folder, M2M100ImportError), config)
+  if adapt:
+    config, params = adapt(config, params, weight_table(config))
   folders.write_import(out, params, run_config(base_config, config, tokenizer),
                        [tokenizer], folder, keep_provenance)
   return config, len(tokenizer.languages)

@@ -1,4 +1,5 @@
-"""Hugging Face PEFT LoRA adapters in and out, for Llama-family models.
+"""Hugging Face PEFT LoRA adapters in and out, for the Llama family, the
+BERT family (BERT, RoBERTa, XLM-R classifiers) and M2M100/NLLB.
 
 A PEFT adapter folder holds adapter_config.json (peft_type 'LORA', r,
 lora_alpha, lora_dropout, target_modules, use_rslora) and
@@ -7,7 +8,9 @@ adapter_model.safetensors, whose tensors are
 [out, r] for each adapted module of the base (its name in the base's
 state dict, less `.weight`). jaxformer keeps them as the projection's
 `lora_a` and `lora_b` (`model/lora.py`), the same matrices: import and
-export are renamings, so import -> export -> import is bitwise.
+export are renamings, so import -> export -> import is bitwise. Which
+module is which projection comes from the family's weight table
+(peft_targets.py), so every family's adapters are read and written alike.
 
 `merged` folds adapters into their kernels (W + scale * B A) for the
 formats that have no adapters (`--format hf`, `ct2`).
@@ -18,7 +21,8 @@ import os
 
 import numpy as np
 
-from jaxformer.interop import folders, hf_folders, layout, llama
+from jaxformer.interop import (bert, folders, hf_folders, layout, llama,
+                               m2m100, peft_targets, weight_table)
 from jaxformer.interop.weight_table import Tensor, tensor
 from jaxformer.model import frozen_kernels, lora
 from jaxformer.model.config import ModelConfig
@@ -26,12 +30,6 @@ from jaxformer.model.config import ModelConfig
 CONFIG = 'adapter_config.json'
 WEIGHTS = 'adapter_model.safetensors'
 PREFIX = 'base_model.model.'
-# The base's module name -> jaxformer's projection (model/lora.py).
-LLAMA_MODULES = {'q_proj': 'q', 'k_proj': 'k', 'v_proj': 'v', 'o_proj': 'o',
-                 'gate_proj': 'gate', 'up_proj': 'up', 'down_proj': 'down'}
-# jaxformer's parameter name of a projection -> the projection.
-PROJECTION_OF = {'query': 'q', 'key': 'k', 'value': 'v', 'out': 'o',
-                 'wi_0': 'gate', 'wi_1': 'up', 'wo': 'down'}
 # adapter_config.json keys whose non-default values change what the adapter
 # computes, beyond what jaxformer's adapters express.
 UNSUPPORTED = {'use_dora': False, 'bias': 'none', 'fan_in_fan_out': False,
@@ -46,9 +44,9 @@ class PeftError(ValueError):
   key or tensor."""
 
 
-def lora_config(adapter: dict, where: str) -> lora.LoraConfig:
-  """`model.lora` of a PEFT adapter_config.json (its dict, read from
-  `where`); refuses other PEFT types and options by name."""
+def check_settings(adapter: dict, where: str) -> None:
+  """Refuses other PEFT types than LORA, and LoRA options jaxformer's
+  adapters do not express, by name."""
   kind = adapter.get('peft_type')
   if kind != 'LORA':
     raise PeftError(f'{where}: peft_type {kind!r} is not supported; '
@@ -57,17 +55,20 @@ def lora_config(adapter: dict, where: str) -> lora.LoraConfig:
     if adapter.get(key) not in (default, None, [], {}, False):
       raise PeftError(f'{where}: {key}={adapter[key]!r} is not supported; '
                       f'jaxformer reads LoRA adapters with {key}={default!r}')
-  modules = adapter.get('target_modules')
-  if modules == 'all-linear':
-    modules = list(LLAMA_MODULES)
-  if not isinstance(modules, list):
-    raise PeftError(f'{where}: target_modules={modules!r}: jaxformer reads a '
-                    "list of module names (or 'all-linear')")
-  unknown = [m for m in modules if m not in LLAMA_MODULES]
-  if unknown:
-    raise PeftError(f'{where}: target_modules {unknown} are not projections '
-                    f'of a Llama-family model ({", ".join(LLAMA_MODULES)})')
-  projections = [LLAMA_MODULES[m] for m in LLAMA_MODULES if m in modules]
+
+
+def lora_config(adapter: dict, where: str,
+                modules: list[peft_targets.Module], family: str
+                ) -> lora.LoraConfig:
+  """`model.lora` of a PEFT adapter_config.json (its dict, read from
+  `where`, `check_settings`ed) over a base of `modules`
+  (peft_targets.linear_modules); refuses target_modules the base lacks,
+  by name."""
+  try:
+    projections = peft_targets.targeted(
+        modules, adapter.get('target_modules'), family)
+  except ValueError as e:
+    raise PeftError(f'{where}: {e}') from None
   return lora.LoraConfig(
       targets=','.join(projections), rank=int(adapter['r']),
       alpha=float(adapter['lora_alpha']),
@@ -75,26 +76,27 @@ def lora_config(adapter: dict, where: str) -> lora.LoraConfig:
       use_rslora=bool(adapter.get('use_rslora', False)))
 
 
-def adapter_table(config: ModelConfig) -> list[Tensor]:
-  """The adapter tensors of `config` (a Llama-family model with
-  model.lora): PEFT's name and shape -> our parameter's path and shape."""
+def adapter_table(modules: list[peft_targets.Module], config: ModelConfig
+                  ) -> list[Tensor]:
+  """The adapter tensors of `config` (with model.lora) over a base of
+  `modules`: PEFT's name and shape -> our parameter's path and shape."""
   rank, targets = config.lora.rank, config.lora_targets
   rows = []
-  for row in llama.weight_table(config):
-    if row.path[-1] != 'kernel' or PROJECTION_OF.get(row.path[-2]) not in (
-        targets):
+  for module in modules:
+    if module.projection not in targets:
       continue
-    module = PREFIX + row.name[:-len('.weight')]
-    out_features, in_features = row.shape
-    rows += [tensor(f'{module}.lora_A.weight', (*row.path[:-1], 'lora_a'),
+    out_features, in_features = module.shape
+    name = PREFIX + module.name
+    rows += [tensor(f'{name}.lora_A.weight', (*module.path, 'lora_a'),
                     (rank, in_features)),
-             tensor(f'{module}.lora_B.weight', (*row.path[:-1], 'lora_b'),
+             tensor(f'{name}.lora_B.weight', (*module.path, 'lora_b'),
                     (out_features, rank))]
   return rows
 
 
-def read_adapter(folder: str) -> tuple[lora.LoraConfig, dict[str, np.ndarray]]:
-  """(model.lora, tensors by name, float32) of the PEFT folder."""
+def read_adapter(folder: str) -> tuple[dict, dict[str, np.ndarray]]:
+  """(adapter_config.json, tensors by name) of the PEFT folder, its
+  settings checked (`check_settings`)."""
   from safetensors import SafetensorError
   from safetensors.numpy import load_file
   try:
@@ -102,7 +104,7 @@ def read_adapter(folder: str) -> tuple[lora.LoraConfig, dict[str, np.ndarray]]:
   except hf_folders.FolderError as e:
     raise PeftError(str(e).replace('Hugging Face model folder',
                                    'PEFT adapter folder')) from None
-  config = lora_config(adapter, os.path.join(folder, CONFIG))
+  check_settings(adapter, os.path.join(folder, CONFIG))
   path = os.path.join(folder, WEIGHTS)
   if not os.path.isfile(path):
     raise PeftError(f'{folder} has no {WEIGHTS}; jaxformer reads adapters '
@@ -111,14 +113,14 @@ def read_adapter(folder: str) -> tuple[lora.LoraConfig, dict[str, np.ndarray]]:
     tensors = load_file(path)
   except (SafetensorError, OSError, ValueError) as e:
     raise PeftError(f'{path} cannot be read ({e})') from None
-  return config, tensors
+  return adapter, tensors
 
 
-def params_with_adapter(params: dict, config: ModelConfig,
+def params_with_adapter(params: dict, table: list[Tensor],
                         tensors: dict[str, np.ndarray], where: str) -> dict:
-  """`params` (the base's, looped layers) with the adapter's tensors in
-  place, each checked against the base's shape before any is used."""
-  table = adapter_table(config)
+  """`params` (the base's, looped layers) with the adapter's tensors of
+  `table` (`adapter_table`) in place, each checked against the base's
+  shape before any is used."""
   for row in table:
     if row.name not in tensors:
       raise PeftError(f'{where} has no {row.name}; was the adapter made for '
@@ -133,89 +135,132 @@ def params_with_adapter(params: dict, config: ModelConfig,
     raise PeftError(f'{where}: unexpected tensors {left[:3]}: not a LoRA '
                     'adapter of this base that jaxformer can express')
   for row in table:
-    node = params
-    for key in row.path[:-1]:
-      node = node.setdefault(key, {})
-    node[row.path[-1]] = np.asarray(tensors[row.name], np.float32)
+    weight_table.place(params, row.path,
+                       np.asarray(tensors[row.name], np.float32))
   return params
 
 
-def import_folder(folder: str, adapter_folder: str, out: str, base_config,
-                  dtype: str = 'float32', keep_provenance: bool = False
-                  ) -> tuple[ModelConfig, str]:
-  """`jaxformer import --from folder --adapter adapter_folder`: the
-  Llama-family base with the PEFT adapter as model.lora, to the new export
-  `out`; returns its ModelConfig and model_type."""
-  try:
-    out = folders.check_new(out)
-  except ValueError as e:
-    raise PeftError(str(e)) from None
+def adapting(adapter_folder: str, family: str):
+  """The family importer's `adapt(config, params, table) -> (config,
+  params)`: the base's ModelConfig, parameters (looped layers) and
+  weight table with the PEFT adapter of `adapter_folder` as model.lora."""
   adapter, tensors = read_adapter(adapter_folder)
-  folder = os.path.abspath(folder)
-  hf, model_type = llama.read_config(folder)
-  try:
-    tokenizer = hf_folders.load_tokenizer(folder, hf.get('vocab_size'))
-  except hf_folders.FolderError as e:
-    raise llama.LlamaImportError(str(e)) from None
-  config = llama.model_config(hf, model_type,
-                              llama.special_ids(hf, tokenizer, folder), dtype)
-  config = config.replace(lora=adapter)
-  params = llama.params_from_weights(llama._weights(folder), config, dtype)
-  params = params_with_adapter(params, config, tensors,
-                               os.path.join(adapter_folder, WEIGHTS))
-  run = llama.run_config(base_config, config, tokenizer)
-  folders.write_import(out, params, run, [tokenizer], folder, keep_provenance)
-  return config, model_type
+  where = os.path.join(adapter_folder, CONFIG)
+
+  def adapt(config: ModelConfig, params: dict, table: list[Tensor]):
+    modules = peft_targets.linear_modules(table, config.gated_ffn)
+    config = config.replace(lora=lora_config(adapter, where, modules, family))
+    return config, params_with_adapter(
+        params, adapter_table(modules, config), tensors,
+        os.path.join(adapter_folder, WEIGHTS))
+
+  return adapt
 
 
-def adapter_json(config: ModelConfig) -> dict:
+def import_folder(folder: str, adapter_folder: str, out: str, base_config,
+                  dtype: str = 'float32', keep_provenance: bool = False,
+                  num_labels: int | None = None) -> tuple[ModelConfig, str]:
+  """`jaxformer import --from folder --adapter adapter_folder`: the base
+  (Llama family, BERT family or M2M100/NLLB) with the PEFT adapter as
+  model.lora, to the new export `out`; returns its ModelConfig and the
+  family's report of the import. `num_labels`: a BERT-family base
+  model's fresh head (bert.head)."""
+  kind = hf_folders.model_type(folder)
+  if kind in bert.MODEL_TYPES:
+    config, kind, task = bert.import_folder(
+        folder, out, base_config, num_labels, keep_provenance,
+        adapt=adapting(adapter_folder, 'BERT-family'))
+    return config, bert.report(config, kind, task, out)
+  if kind == m2m100.MODEL_TYPE:
+    config, languages = m2m100.import_folder(
+        folder, out, base_config, keep_provenance,
+        adapt=adapting(adapter_folder, m2m100.FAMILY))
+    return config, m2m100.report(config, languages, out)
+  if kind in llama.MODEL_TYPES:
+    config, kind = llama.import_folder(
+        folder, out, base_config, dtype, keep_provenance,
+        adapt=adapting(adapter_folder, 'Llama-family'))
+    return config, llama.report(config, kind, out)
+  raise PeftError(f'--adapter: PEFT adapters import over Llama-family ('
+                  f'{", ".join(llama.MODEL_TYPES)}), BERT-family ('
+                  f'{", ".join(bert.MODEL_TYPES)}) and M2M100/NLLB bases; '
+                  f'{folder} is {kind!r}')
+
+
+def adapter_json(config: ModelConfig, target_modules: list[str],
+                 task_type: str | None) -> dict:
   """adapter_config.json of `config`'s adapters, as PEFT writes it."""
-  modules = [m for m, p in LLAMA_MODULES.items() if p in config.lora_targets]
-  return {'peft_type': 'LORA', 'task_type': 'CAUSAL_LM',
+  return {'peft_type': 'LORA', 'task_type': task_type,
           'base_model_name_or_path': None, 'r': config.lora.rank,
           'lora_alpha': config.lora.alpha,
-          'lora_dropout': config.lora.dropout, 'target_modules': modules,
+          'lora_dropout': config.lora.dropout,
+          'target_modules': target_modules,
           'use_rslora': config.lora.use_rslora, 'bias': 'none',
           'fan_in_fan_out': False, 'inference_mode': True,
           'init_lora_weights': True, 'modules_to_save': None,
           'use_dora': False}
 
 
+def _base_of(trained):
+  """`trained` as the plain model its adapters sit on."""
+  return dataclasses.replace(trained, model_config=trained.model_config.replace(
+      lora=lora.LoraConfig()))
+
+
+def export_layout(trained) -> tuple[list[Tensor], list, str | None]:
+  """(their weight table, [(path of a layer stack, its layers)], PEFT's
+  task_type) of `trained`'s family; raises ValueError naming what keeps
+  it from being a Llama, BERT-family or M2M100 model."""
+  from jaxformer.interop import hf_bert, hf_llama, hf_m2m100
+  config, base = trained.model_config, _base_of(trained)
+  if trained.task.name in ('classification', 'regression'):
+    hf_bert.check_exportable(base, '--format peft')
+    kind = hf_bert.model_type(config, trained.source_tok)
+    return (bert.weight_table(config, kind, trained.task.name, True),
+            # Not SEQ_CLS: PeftModel would want the head's weights in the
+            # adapter (modules_to_save), which the base has already.
+            [(('body', 'encoder'), config.num_encoder_layers)], None)
+  if hf_m2m100.is_many_to_many(trained):
+    reasons = hf_m2m100.blockers(config)
+    if reasons:
+      raise ValueError('--format peft: this model is not an M2M100 model: '
+                       + '; '.join(reasons) + '.')
+    return (m2m100.weight_table(config),
+            [(('encoder',), config.num_encoder_layers),
+             (('decoder',), config.num_decoder_layers)], 'SEQ_2_SEQ_LM')
+  hf_llama.check_exportable(base, '--format peft')
+  return (llama.weight_table(config),
+          [(('decoder',), config.num_decoder_layers)], 'CAUSAL_LM')
+
+
 def export(trained, out: str) -> str:
   """`jaxformer export --format peft`: the adapters of `trained` (a
-  Llama-family language model with model.lora) as a PEFT folder at the new
-  local folder `out`, which `PeftModel.from_pretrained(base, out)` loads;
-  returns it."""
+  Llama-family language model, BERT-family classifier or M2M100
+  translator with model.lora) as a PEFT folder at the new local folder
+  `out`, which `PeftModel.from_pretrained(base, out)` loads; returns it."""
   from safetensors.numpy import save_file
   config = trained.model_config
   if not config.lora.enabled:
     raise PeftError('--format peft writes a model\'s LoRA adapters; this '
                     'model has none (model.lora.targets is empty)')
-  llama_export_check(trained)
+  table, stacks, task_type = export_layout(trained)
   params = layout.numpy_tree(trained.params)
-  params['decoder'] = layout.looped(params['decoder'],
-                                    config.num_decoder_layers)
-  state = {}
-  for row in adapter_table(config):
-    value = params
-    for key in row.path:
-      value = value[key]
-    state[row.name] = np.ascontiguousarray(value.reshape(row.shape))
+  for path, count in stacks:
+    parent = params
+    for key in path[:-1]:
+      parent = parent[key]
+    parent[path[-1]] = layout.looped(parent[path[-1]], count)
+  modules = peft_targets.linear_modules(table, config.gated_ffn)
+  state = weight_table.write(params, adapter_table(modules, config))
+  settings = adapter_json(config, peft_targets.target_names(
+      modules, config.lora_targets), task_type)
 
   def fill(directory: str) -> None:
     save_file(state, os.path.join(directory, WEIGHTS), {'format': 'pt'})
     with open(os.path.join(directory, CONFIG), 'w', encoding='utf-8') as f:
-      json.dump(adapter_json(config), f, indent=2)
+      json.dump(settings, f, indent=2)
 
   return folders.write_folder(out, fill)
-
-
-def llama_export_check(trained) -> None:
-  from jaxformer.interop import hf_llama
-  merged_model = dataclasses.replace(
-      trained, model_config=trained.model_config.replace(
-          lora=lora.LoraConfig()))
-  hf_llama.check_exportable(merged_model, '--format peft')
 
 
 def merged_params(params, config: ModelConfig) -> dict:
