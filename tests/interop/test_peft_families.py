@@ -172,9 +172,11 @@ def test_logits_equal_peft_within_1e_5(adapted):
   assert difference < 1e-5
 
 
-def test_m2m100_greedy_ids_equal_peft_generate(adapted):
-  if adapted.family != 'm2m100':
-    pytest.skip('a translator')
+@pytest.mark.parametrize('name', [name for name, (family, _, _)
+                                  in sorted(ADAPTERS.items())
+                                  if family == 'm2m100'])
+def test_m2m100_greedy_ids_equal_peft_generate(name, tmp_path_factory):
+  adapted = adapted_of(name, tmp_path_factory)
   sources, _ = adapted.inputs()
   forced = adapted.ours.source_tok.language_id(TARGET)
   pad, eos = adapted.config.pad_id, adapted.config.eos_id
