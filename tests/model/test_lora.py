@@ -205,30 +205,37 @@ def test_no_targets_is_the_plain_model():
                                 batch_of('translation')))
 
 
+def quantized(config, params, batch, base_dtype):
+  """(config with model.lora.base_dtype, `params` of the language model
+  `config` in that form: `frozen_kernels.quantize` of the float ones)."""
+  from flax import linen as nn
+  from jaxformer.model import frozen_kernels
+  held = config.replace(lora=dataclasses.replace(config.lora,
+                                                 base_dtype=base_dtype))
+  task = get_task('language_model')
+  abstract = nn.unbox(jax.eval_shape(lambda: task.init_variables(
+      task.model(held), jax.random.key(0), batch))['params'])
+  return held, frozen_kernels.quantize(params, abstract)
+
+
 def test_an_int8_base_computes_the_float_model_within_its_rounding():
   """model.lora.base_dtype='int8': the projections' kernels are int8 with
   a scale per output feature (`frozen_kernels.quantize` of the float
   ones); the logits stay within the rounding of 8 bits."""
-  from flax import linen as nn
   from jaxformer.model import frozen_kernels
-  lora_config = lora.LoraConfig(targets='q,v', rank=2)
-  config = family_config('language_model', lora=lora_config)
-  int8 = config.replace(lora=dataclasses.replace(lora_config,
-                                                 base_dtype='int8'))
+  config = family_config('language_model', lora=lora.LoraConfig(
+      targets='q,v', rank=2))
   batch = batch_of('language_model')
   params = init('language_model', config, batch)
-  task = get_task('language_model')
-  abstract = nn.unbox(jax.eval_shape(lambda: task.init_variables(
-      task.model(int8), jax.random.key(0), batch))['params'])
-  quantized = frozen_kernels.quantize(params, abstract)
-  flat = traverse_util.flatten_dict(quantized)
+  int8, held = quantized(config, params, batch, 'int8')
+  flat = traverse_util.flatten_dict(held)
   kernel = ('decoder', 'layer_0', 'ffn', 'wi_0', 'kernel')
   assert flat[kernel].dtype == np.int8
   assert flat[kernel[:-1] + (frozen_kernels.SCALE,)].shape == (48,)
   assert flat[('decoder', 'layer_0', 'self_attention', 'query', 'lora_a')
               ].dtype == np.float32
   reference = outputs('language_model', config, params, batch)
-  got = outputs('language_model', int8, quantized, batch)
+  got = outputs('language_model', int8, held, batch)
   error = np.abs(np.asarray(got) - reference).max()
   assert 0 < error < 0.02 * np.abs(reference).max()
 
@@ -286,31 +293,24 @@ def test_a_quantized_base_merges_into_the_plain_model_it_computes(
   """An adapted model with an int8 or nf4 base, merged (`peft.merged_params`:
   what `jaxformer export --format hf` writes), is the plain float32 model
   with the dequantized kernels plus scale * B A: the same logits."""
-  from flax import linen as nn
   from jaxformer.interop import peft
   from jaxformer.model import frozen_kernels
-  lora_config = lora.LoraConfig(targets='q,v', rank=2,
-                                base_dtype=base_dtype)
-  config = family_config('language_model', lora=lora_config)
+  floats = family_config('language_model', lora=lora.LoraConfig(
+      targets='q,v', rank=2))
   batch = batch_of('language_model')
-  task = get_task('language_model')
-  floats = init('language_model', config.replace(
-      lora=dataclasses.replace(lora_config, base_dtype='float32')), batch)
-  flat = traverse_util.flatten_dict(floats)
+  flat = traverse_util.flatten_dict(init('language_model', floats, batch))
   rng = np.random.default_rng(0)
   for path in flat:
     if path[-1] == 'lora_b':
       flat[path] = rng.normal(size=flat[path].shape).astype(np.float32)
-  abstract = nn.unbox(jax.eval_shape(lambda: task.init_variables(
-      task.model(config), jax.random.key(0), batch))['params'])
-  quantized = frozen_kernels.quantize(traverse_util.unflatten_dict(flat),
-                                      abstract)
+  config, held = quantized(floats, traverse_util.unflatten_dict(flat), batch,
+                           base_dtype)
   kernel = ('decoder', 'layer_0', 'ffn', 'wi_0', 'kernel')
-  assert traverse_util.flatten_dict(quantized)[kernel].dtype == (
+  assert traverse_util.flatten_dict(held)[kernel].dtype == (
       np.uint8 if base_dtype == 'nf4' else np.int8)
-  adapted = outputs('language_model', config, quantized, batch)
+  adapted = outputs('language_model', config, held, batch)
   plain = config.replace(lora=lora.LoraConfig())
-  merged = peft.merged_params(quantized, config)
+  merged = peft.merged_params(held, config)
   assert not any(frozen_kernels.SCALE in path or lora.is_adapter(path)
                  for path in traverse_util.flatten_dict(merged))
   np.testing.assert_allclose(
@@ -319,19 +319,13 @@ def test_a_quantized_base_merges_into_the_plain_model_it_computes(
 
 
 def test_an_nf4_base_computes_the_float_model_on_its_rounded_kernels():
-  from flax import linen as nn
   from jaxformer.model import frozen_kernels
-  lora_config = lora.LoraConfig(targets='q,v', rank=2)
-  config = family_config('language_model', lora=lora_config)
-  nf4 = config.replace(lora=dataclasses.replace(lora_config,
-                                                base_dtype='nf4'))
+  config = family_config('language_model', lora=lora.LoraConfig(
+      targets='q,v', rank=2))
   batch = batch_of('language_model')
   params = init('language_model', config, batch)
-  task = get_task('language_model')
-  abstract = nn.unbox(jax.eval_shape(lambda: task.init_variables(
-      task.model(nf4), jax.random.key(0), batch))['params'])
-  quantized = frozen_kernels.quantize(params, abstract)
-  flat = traverse_util.flatten_dict(quantized)
+  nf4, held = quantized(config, params, batch, 'nf4')
+  flat = traverse_util.flatten_dict(held)
   kernel = ('decoder', 'layer_0', 'ffn', 'wi_0', 'kernel')
   assert flat[kernel].dtype == np.uint8 and flat[kernel].shape == (48, 16)
   assert flat[kernel[:-1] + (frozen_kernels.SCALE,)].shape == (3, 32)
@@ -345,7 +339,7 @@ def test_an_nf4_base_computes_the_float_model_on_its_rounded_kernels():
       rounded[path] = numpy_nf4(rounded[path], fewer[0] + 1)
   reference = outputs('language_model', config,
                       traverse_util.unflatten_dict(rounded), batch)
-  got = outputs('language_model', nf4, quantized, batch)
+  got = outputs('language_model', nf4, held, batch)
   np.testing.assert_allclose(np.asarray(got), np.asarray(reference),
                              atol=1e-5, rtol=1e-5)
   exact = outputs('language_model', config, params, batch)
