@@ -55,6 +55,7 @@ def stopped_run(capfd, monkeypatch, command, count=3) -> None:
   assert status == 0 and 'generate: stopped (SIGTERM)' in errors, errors
 
 
+@pytest.mark.slow
 def test_an_edited_input_line_is_decoded_again(lm_export, prompts, tmp_path,
                                                capfd, monkeypatch):
   out = tmp_path / 'out.jsonl'
@@ -81,6 +82,7 @@ def other_model(lm_export, path) -> None:
                         extra)
 
 
+@pytest.mark.slow
 def test_a_model_swapped_in_the_same_place_is_refused(
     lm_export, prompts, tmp_path, capfd, monkeypatch):
   model = tmp_path / 'model'

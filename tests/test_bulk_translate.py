@@ -195,6 +195,7 @@ def run(capfd, *args) -> tuple[int, str]:
   return status, capfd.readouterr().err
 
 
+@pytest.mark.slow
 def test_empty_overlong_and_undecodable_lines(workdir, tmp_path, capfd):
   source, out = tmp_path / 'in.txt', tmp_path / 'out.txt'
   lines = ['he sold three old cups .', '', ' '.join(['seven hundred'] * 40),
@@ -228,6 +229,7 @@ def test_empty_overlong_and_undecodable_lines(workdir, tmp_path, capfd):
   assert len((tmp_path / 'latin1_out.txt').read_text().splitlines()) == 2
 
 
+@pytest.mark.slow
 def test_output_needs_an_input_file(workdir, tmp_path, capfd):
   status, errors = run(capfd, '--workdir', workdir, '--output',
                        str(tmp_path / 'out.txt'))
@@ -242,6 +244,7 @@ def small_corpus(corpus: pathlib.Path, lines: int) -> list[str]:
   return corpus.read_text().splitlines()[:lines]
 
 
+@pytest.mark.slow
 def test_a_glob_of_plain_and_gz_files_and_gz_output(workdir, corpus, tmp_path,
                                                     capfd):
   """The files of a glob are one input, in name order; OUT.gz is
@@ -265,6 +268,7 @@ def test_a_glob_of_plain_and_gz_files_and_gz_output(workdir, corpus, tmp_path,
           == (tmp_path / 'again.out.gz').read_bytes())
 
 
+@pytest.mark.slow
 def test_gs_input_and_output(workdir, corpus, tmp_path, capfd, gcs_emulator):
   sentences = small_corpus(corpus, 100)
   text = ''.join(s + '\n' for s in sentences)
@@ -306,6 +310,7 @@ def translate_corpus(model, files, out, settings, stop):
                             files, out, {}, stop)
 
 
+@pytest.mark.slow
 def test_a_stopped_chunk_keeps_its_finished_batches(workdir, corpus,
                                                     tmp_path, capfd):
   """A chunk stopped part way keeps the batches it finished; the run that
@@ -335,6 +340,7 @@ def test_a_stopped_chunk_keeps_its_finished_batches(workdir, corpus,
   assert not os.path.exists(parts.directory)
 
 
+@pytest.mark.slow
 def test_parts_of_another_translation_are_not_mixed_in(workdir, corpus,
                                                        tmp_path):
   model = load(workdir)

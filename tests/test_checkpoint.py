@@ -143,6 +143,7 @@ def fsdp_checkpoint(tmp_path_factory, config, tokenizer, state):
   return seen_by_a_new_process(workdir), as_numpy(state)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize('sizes, num_devices', [
     ({'data': 1}, 1), ({'data': 4}, 4), ({'data': 8}, 8)])
 def test_state_saved_sharded_restores_into_another_mesh(
@@ -198,6 +199,7 @@ def delete_extra(step_dir: pathlib.Path) -> None:
   shutil.rmtree(step_dir / 'extra')
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize('damage', [truncate_array_index,
                                     truncate_tree_metadata, delete_state,
                                     delete_extra])
@@ -225,6 +227,7 @@ def test_damaged_latest_step_is_reported_and_the_one_before_used(
   assert checkpoints.all_steps() == [1, 2]
 
 
+@pytest.mark.slow
 def test_no_restorable_step_raises_and_moves_nothing(tmp_path, config,
                                                      tokenizer, mesh, state):
   save(tmp_path / 'run', [(1, state)], config, tokenizer).close()
@@ -238,6 +241,7 @@ def test_no_restorable_step_raises_and_moves_nothing(tmp_path, config,
   assert sorted(os.listdir(workdir / 'checkpoints')) == ['1']
 
 
+@pytest.mark.slow
 def test_failed_save_raises_and_keeps_the_previous_checkpoints(
     tmp_path, config, tokenizer, mesh, state):
   checkpoints = save(tmp_path, [(1, state)], config, tokenizer)
@@ -368,6 +372,7 @@ def first_batches(config, tokenizer, row_multiple: int):
   return [next(stream) for _ in range(2)]
 
 
+@pytest.mark.slow
 def test_pack_batches_resume_on_any_layout(tmp_path, config, tokenizer):
   pack = batching(config, 'pack')
   # The same examples in the same rows whatever the row multiple; bucket
@@ -407,6 +412,7 @@ def three_steps(tmp_path_factory, config, tokenizer, state):
   return seen_by_a_new_process(workdir), as_numpy(state.params)
 
 
+@pytest.mark.slow
 def test_average_of_the_last_two_steps_is_their_mean(three_steps, tmp_path):
   workdir, params = three_steps
   steps = trained.average(str(workdir), 2, str(tmp_path / 'avg'))
@@ -417,6 +423,7 @@ def test_average_of_the_last_two_steps_is_their_mean(three_steps, tmp_path):
     np.testing.assert_allclose(got, want + 1.5, rtol=1e-6, atol=1e-6)
 
 
+@pytest.mark.slow
 def test_average_of_identical_steps_is_that_step(tmp_path, config, tokenizer,
                                                  state):
   save(tmp_path / 'run', [(s, state) for s in (1, 2, 3)], config, tokenizer,
@@ -427,6 +434,7 @@ def test_average_of_identical_steps_is_that_step(tmp_path, config, tokenizer,
   assert_trees_equal(averaged, state.params)
 
 
+@pytest.mark.slow
 def test_exports_from_the_command_line_load_and_translate(
     three_steps, tmp_path, capsys):
   workdir, params = three_steps
@@ -456,6 +464,7 @@ def test_exports_from_the_command_line_load_and_translate(
   assert len(lines) == 2 and lines[1] == ''
 
 
+@pytest.mark.slow
 def test_export_never_overwrites(three_steps, tmp_path, capsys):
   workdir, _ = three_steps
   out = tmp_path / 'taken'
@@ -476,6 +485,7 @@ def test_averaging_more_steps_than_kept_says_which_exist(three_steps,
   assert not (tmp_path / 'x').exists()
 
 
+@pytest.mark.slow
 def test_loading_for_translate_or_evaluate_names_both_steps_of_a_fallback(
     tmp_path, config, tokenizer, state, capsys):
   save(tmp_path / 'run', [(1, state), (2, shifted(state, 1.0))], config,

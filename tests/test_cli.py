@@ -19,11 +19,13 @@ def workdir(quickstart_workdir):
   return quickstart_workdir
 
 
+@pytest.mark.slow
 def test_train_reports_test_scores_and_how_to_translate(workdir):
   scores = json.load(open(f'{workdir}/test_scores.json'))
   assert set(scores) == {'bleu', 'chrf', 'exact_match'}
 
 
+@pytest.mark.slow
 def test_translate_keeps_order_and_empty_lines(workdir, monkeypatch, capfd):
   lines = ['he sold three old cups .', '', 'we bought nine red apples .']
   monkeypatch.setattr(sys, 'stdin', io.StringIO('\n'.join(lines) + '\n'))
@@ -33,6 +35,7 @@ def test_translate_keeps_order_and_empty_lines(workdir, monkeypatch, capfd):
   assert len(out) == 4 and out[1] == '' and out[3] == ''
 
 
+@pytest.mark.slow
 def test_translate_truncates_or_rejects_overlong_lines(workdir, tmp_path,
                                                        capfd):
   source = tmp_path / 'long.txt'
@@ -45,6 +48,7 @@ def test_translate_truncates_or_rejects_overlong_lines(workdir, tmp_path,
   assert 'more than the model maximum' in capfd.readouterr().err
 
 
+@pytest.mark.slow
 def test_evaluate_prints_bleu_as_json_and_writes_hypotheses(workdir, capfd,
                                                            tmp_path):
   hypotheses = tmp_path / 'dev.txt'
@@ -59,6 +63,7 @@ def test_evaluate_prints_bleu_as_json_and_writes_hypotheses(workdir, capfd,
   assert 'hypotheses' not in json.loads(capfd.readouterr().out)
 
 
+@pytest.mark.slow
 def test_attention_and_curves_write_pictures(workdir, tmp_path):
   picture = tmp_path / 'attention.png'
   assert cli.main(['attention', '--workdir', workdir, '--src',
@@ -71,6 +76,7 @@ def test_attention_and_curves_write_pictures(workdir, tmp_path):
   assert Image.open(curves).size[0] > 0
 
 
+@pytest.mark.slow
 def test_commands_on_a_trained_model_take_overrides_that_keep_the_model(
     workdir, tmp_path, capfd):
   import argparse
@@ -115,6 +121,7 @@ def test_a_flag_out_of_range_is_a_clear_error(flags, message, capsys):
   assert message in capsys.readouterr().err
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize('command', ['translate', 'predict'])
 def test_input_that_is_not_utf8_names_the_line_or_is_replaced(
     workdir, tmp_path, capfd, command):
@@ -131,6 +138,7 @@ def test_input_that_is_not_utf8_names_the_line_or_is_replaced(
     assert len(capfd.readouterr().out.splitlines()) == 2
 
 
+@pytest.mark.slow
 def test_binary_stdin_names_the_line(workdir, monkeypatch, capfd):
   binary = io.TextIOWrapper(io.BytesIO(b'one .\n\x00\x9c\xff\x01\n'))
   monkeypatch.setattr(sys, 'stdin', binary)
@@ -138,6 +146,7 @@ def test_binary_stdin_names_the_line(workdir, monkeypatch, capfd):
   assert '<stdin>:2: invalid UTF-8' in capfd.readouterr().err
 
 
+@pytest.mark.slow
 def test_training_a_finished_run_again_says_there_is_nothing_to_train(
     workdir, tmp_path, capfd):
   assert train(copy(pathlib.Path(workdir), tmp_path),
@@ -147,6 +156,7 @@ def test_training_a_finished_run_again_says_there_is_nothing_to_train(
       capfd.readouterr().out)
 
 
+@pytest.mark.slow
 def test_a_pack_run_resumes_on_another_mesh_and_accumulation(
     workdir, tmp_path, capfd):
   # 'pack' batches do not depend on the layout: no data-order refusal.

@@ -363,6 +363,7 @@ def test_two_slices_send_the_gradient_once_in_padded_tiles():
   assert sent['all-reduce']['bytes'] > 2 * sent['all-reduce']['data_bytes']
 
 
+@pytest.mark.slow
 def test_oversized_batch_does_not_fit_and_says_what_to_change(
     tmp_path, capsys):
   """262,144 rows of 40 + 40 tokens with an 8,000-piece vocabulary: 65,536
@@ -388,6 +389,7 @@ def test_oversized_batch_does_not_fit_and_says_what_to_change(
   assert not train['fits'] and train['shortfall_gib'] > 0
 
 
+@pytest.mark.slow
 def test_llama_tiny_compiles_with_gqa_over_fsdp_and_tensor():
   """configs/lm_llama.py:tiny (RoPE, RMSNorm, SwiGLU, 4 heads over 2 kv
   heads), its train step with the kv heads split over `tensor` and the

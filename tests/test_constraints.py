@@ -29,6 +29,7 @@ def random_phrases(rows: int, seed: int = 0, vocab: int = 32):
   return phrases
 
 
+@pytest.mark.slow
 def test_every_phrase_is_in_every_translation_of_100_lines():
   config, params = translation_model(eos_bias=1.0)
   inputs = random_sources(100, 7, seed=8)
@@ -44,6 +45,7 @@ def test_every_phrase_is_in_every_translation_of_100_lines():
   assert np.all(np.isfinite(np.asarray(scores)[:, 0]))
 
 
+@pytest.mark.slow
 def test_rows_without_phrases_decode_as_plain_beam_search():
   config, params = translation_model(eos_bias=2.0)
   inputs = random_sources(6, 7, seed=4)
@@ -61,6 +63,7 @@ def workdir(tmp_path_factory):
   return random_run.one_step_run(tmp_path_factory)[0]
 
 
+@pytest.mark.slow
 def test_translate_under_constraints_contains_each_phrase(workdir, tmp_path,
                                                           capsys):
   pairs = builtin.generate(100, 3, 'test')
@@ -90,6 +93,7 @@ def test_translate_under_constraints_contains_each_phrase(workdir, tmp_path,
   assert unconstrained == capsys.readouterr().out
 
 
+@pytest.mark.slow
 def test_a_constraints_file_of_another_line_count_is_refused(
     workdir, tmp_path, capsys):
   source = tmp_path / 'source.txt'

@@ -113,6 +113,7 @@ def mid_sentence_eos(tokens, start=2):
 
 # Tied embeddings: on CPU greedy search picks tokens with screened_argmax.
 # (Tiny tied models tend to repeat one token; seed 5 changes its mind.)
+@pytest.mark.slow
 @pytest.mark.parametrize('scan_layers, share_embeddings, seed', [
     (False, 'none', 0), (True, 'none', 0), (False, 'all', 5)])
 def test_greedy_equals_uncached_argmax_and_stops_at_eos(scan_layers,
@@ -140,6 +141,7 @@ def test_max_decode_length_counts_longest_real_source():
     search.greedy_decode({}, TINY, inputs, max_decode_len=TINY.max_len + 1)
 
 
+@pytest.mark.slow
 def test_beam_size_one_equals_greedy():
   # A single beam ends only when its best extension is EOS, as greedy search
   # does, and with alpha=0 no longer hypothesis can beat it after that.
@@ -197,6 +199,7 @@ def trap_model():
   return config, params
 
 
+@pytest.mark.slow
 def test_beam_search_finds_what_greedy_misses():
   config, params = trap_model()
   inputs = np.array([[4, 5, 6]])
@@ -227,6 +230,7 @@ def teacher_forced_logprob(config, params, inputs, tokens, eos_id):
   return np.where(within, picked, 0.0).sum(-1), lengths
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize('alpha', [0.0, 0.6, 1.2])
 def test_beam_scores_are_rescored_log_probabilities(alpha):
   # Each returned hypothesis, rescored by the teacher-forced forward pass and
@@ -252,6 +256,7 @@ def test_beam_scores_are_rescored_log_probabilities(alpha):
   assert np.any(lengths < DECODE_LEN)  # Some hypotheses ended with EOS.
 
 
+@pytest.mark.slow
 def test_early_exit_does_not_change_results():
   config, params = translation_model(scan_layers=True, eos_bias=3.0)
   inputs = random_sources(4, 7, seed=2)
@@ -268,6 +273,7 @@ def test_early_exit_does_not_change_results():
   assert steps < full_steps == DECODE_LEN  # and the search stopped early.
 
 
+@pytest.mark.slow
 def test_results_do_not_depend_on_the_rest_of_the_batch():
   config, params = translation_model(scan_layers=True)
   sentence = np.array([[5, 9, 14, 3, 30]], np.int32)
@@ -296,6 +302,7 @@ def test_results_do_not_depend_on_the_rest_of_the_batch():
   np.testing.assert_array_equal(batch_tokens[1], 0)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize('parts', [2, 3])
 def test_searching_in_parts_changes_no_result(parts):
   # 5 sentences, one all padding; the last part is filled up with padding.
@@ -319,6 +326,7 @@ def test_searching_in_parts_changes_no_result(parts):
   assert parts_steps == steps < DECODE_LEN  # The largest part's count.
 
 
+@pytest.mark.slow
 def test_default_batch_parts_is_one_with_several_devices_or_under_jit():
   config, params = translation_model()
   inputs = jnp.asarray(random_sources(3, 7))
@@ -336,6 +344,7 @@ def test_default_batch_parts_is_one_with_several_devices_or_under_jit():
   assert parts_under_jit == [1]
 
 
+@pytest.mark.slow
 def test_greedy_returns_cross_attention_weights():
   config, params = translation_model()
   inputs = random_sources(4, 7)
@@ -358,6 +367,7 @@ def test_greedy_returns_cross_attention_weights():
   np.testing.assert_array_equal(np.asarray(weights)[source_padding], 0.0)
 
 
+@pytest.mark.slow
 def test_fsdp_parameters_are_gathered_once_not_at_every_token():
   """Decoding with FSDP-sharded parameters communicates inside the token
   loop; `mesh_lib.gathered` (what `evaluate.decode_split` does first)

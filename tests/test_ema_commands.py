@@ -35,6 +35,7 @@ def assert_params(got, want, shift: float):
     np.testing.assert_allclose(a, b + shift, rtol=1e-6, atol=1e-6)
 
 
+@pytest.mark.slow
 def test_commands_use_the_average_where_a_run_keeps_one(run):
   workdir, params = run
   model = trained.load(workdir)
@@ -45,6 +46,7 @@ def test_commands_use_the_average_where_a_run_keeps_one(run):
   assert_params(raw.params, params, 0.0)
 
 
+@pytest.mark.slow
 def test_export_and_average_write_the_average(run, tmp_path, capsys):
   workdir, params = run
   assert cli.main(['export', '--workdir', workdir,
@@ -66,6 +68,7 @@ def test_export_and_average_write_the_average(run, tmp_path, capsys):
   assert ('--weights ema: the export ' in capsys.readouterr().err)
 
 
+@pytest.mark.slow
 def test_evaluate_says_which_weights_it_used(run, capsys):
   workdir, _ = run
   for flags, weights in (([], 'ema'), (['--weights', 'raw'], 'raw')):

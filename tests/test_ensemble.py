@@ -39,6 +39,7 @@ def mean_greedy(models, inputs, max_decode_len, eos_id):
   return tokens
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize('forced', [None, PREFIXES])
 @pytest.mark.parametrize('beam', [1, 3])
 def test_a_model_ensembled_with_itself_decodes_as_it_does_alone(beam, forced):
@@ -61,6 +62,7 @@ def _decode_alone(config, params, inputs, beam, forced):
                                  forced_ids=forced)[0][:, 0]
 
 
+@pytest.mark.slow
 def test_two_models_greedy_is_the_numpy_mean_of_their_log_probabilities():
   models = [translation_model(eos_bias=1.0, seed=0),
             translation_model(eos_bias=1.0, seed=1)]
@@ -77,6 +79,7 @@ def test_two_models_greedy_is_the_numpy_mean_of_their_log_probabilities():
       want, alone[1])
 
 
+@pytest.mark.slow
 def test_two_models_beam_scores_are_the_mean_log_probabilities():
   # The best hypothesis of the ensemble's beam search, rescored in numpy by
   # the mean of the two models' log-probabilities, beats every hypothesis
@@ -120,6 +123,7 @@ def runs(tmp_path_factory):
   return made
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize('beam', ['1', '3'])
 def test_translate_with_itself_prints_what_the_model_alone_does(
     runs, tmp_path, beam, capsys):
@@ -136,6 +140,7 @@ def test_translate_with_itself_prints_what_the_model_alone_does(
   assert len(capsys.readouterr().out.splitlines()) == 3
 
 
+@pytest.mark.slow
 def test_evaluate_an_ensemble(runs, capsys):
   assert cli.main(['evaluate', '--workdir', runs[0], '--ensemble', runs[1],
                    '--beam', '1']) == 0
@@ -143,6 +148,7 @@ def test_evaluate_an_ensemble(runs, capsys):
   assert report['ensemble'] == runs[:2] and 'bleu' in report
 
 
+@pytest.mark.slow
 def test_members_of_another_target_vocabulary_are_refused(runs, capsys):
   assert cli.main(['translate', '--workdir', runs[0], '--ensemble',
                    runs[2]]) == 1

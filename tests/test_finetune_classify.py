@@ -120,6 +120,7 @@ def data(exports):
 # ------------------------------------------------------------ tokens, rows
 
 
+@pytest.mark.slow
 def test_encode_pair_is_a_then_b_each_ending_with_eos(exports):
   tokenizer = trained.load(exports[1]['classification']).source_tok
   a, b = tokenizer.encode(['three four', 'five'])
@@ -129,6 +130,7 @@ def test_encode_pair_is_a_then_b_each_ending_with_eos(exports):
   assert types == [0] * len(a) + [1] * len(b)
 
 
+@pytest.mark.slow
 def test_predict_rows_of_pairs_and_single_texts_with_our_tokenizer(exports):
   saved = trained.load(exports[1]['classification'])
   tokenizer, model_config = saved.source_tok, saved.model_config
@@ -181,6 +183,7 @@ def test_pair_tsv_batches_carry_the_token_types(data):
   assert 'inputs_token_types' not in batch
 
 
+@pytest.mark.slow
 def test_a_model_without_labels_gets_a_fresh_head_for_the_datas(
     data, tmp_path):
   """An export without labels (an encoder imported without a head) takes
@@ -334,6 +337,7 @@ def test_a_label_the_pretrained_head_lacks_is_named(data, tmp_path, capfd):
       (tmp_path / 'run' / 'checkpoints').iterdir())
 
 
+@pytest.mark.slow
 def test_mixed_column_counts_are_refused_naming_the_line(
     data, tmp_path, capfd):
   bad = tmp_path / 'train.tsv'

@@ -148,6 +148,7 @@ def test_local_and_remote_files_read_back_what_was_written(
   no_gs_folder(tmp_path, os.getcwd())
 
 
+@pytest.mark.slow
 def test_a_token_cache_on_gs_is_written_once_and_read_from_a_local_copy(
     tmp_path, gcs_emulator, monkeypatch):
   from jaxformer.data import builtin, pipeline, sources, token_cache

@@ -116,6 +116,7 @@ def step_by_step_logits(config, params, sequences):
   return np.stack(logits, axis=1)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize('name', sorted(CONFIGS))
 def test_prefill_and_steps_equal_step_by_step_and_full_forward_logits(name):
   config, params = model(name)
@@ -154,6 +155,7 @@ def first_new(ids, skip):
               and t not in ids[:i])
 
 
+@pytest.mark.slow
 def test_rows_end_at_any_of_several_eos_ids_each_on_its_own():
   config, params = model('modern')
   free = generation.generate_ids(params, config, PROMPTS, max_new_tokens=NEW,
@@ -170,6 +172,7 @@ def test_rows_end_at_any_of_several_eos_ids_each_on_its_own():
   assert len(set(map(len, ended))) > 1  # Each row ends at its own step.
 
 
+@pytest.mark.slow
 def test_new_tokens_are_bounded_by_max_new_tokens_and_positions():
   config, params = model('modern')
   ids = functools.partial(generation.generate_ids, params, config,
@@ -219,6 +222,7 @@ def test_greedy_takes_the_lowest_id_of_tied_maxima():
       generation.sample_choice(logits, keys, 0.0, 0, 1.0), [1, 0])
 
 
+@pytest.mark.slow
 def test_samples_are_reproducible_by_seed_and_independent_of_the_batch():
   config, params = model('modern')
   sample = functools.partial(generation.generate_ids, params, config,
@@ -237,6 +241,7 @@ def test_samples_are_reproducible_by_seed_and_independent_of_the_batch():
       assert np.sum(logits[t] > logits[t, token]) < 3
 
 
+@pytest.mark.slow
 def test_top_one_sampling_is_greedy():
   config, params = model('modern')
   run = functools.partial(generation.generate_ids, params, config, PROMPTS,
@@ -277,6 +282,7 @@ def run_cli(capfd, *args):
   return status, out, err
 
 
+@pytest.mark.slow
 def test_jsonl_prints_one_object_per_prompt_in_order(lm_export, tmp_path,
                                                      capfd):
   path, tok, config, params = lm_export
@@ -299,6 +305,7 @@ def test_jsonl_prints_one_object_per_prompt_in_order(lm_export, tmp_path,
   assert all(0 < len(r['ids']) <= 5 for r in records)
 
 
+@pytest.mark.slow
 def test_prompt_and_num_print_the_prompt_with_its_continuation(lm_export,
                                                                capfd):
   status, out, err = run_cli(capfd, '--workdir', lm_export[0], '--prompt',
@@ -310,6 +317,7 @@ def test_prompt_and_num_print_the_prompt_with_its_continuation(lm_export,
   assert lines[0].startswith('yesterday she')
 
 
+@pytest.mark.slow
 def test_a_prompt_too_long_is_cut_with_a_warning_or_refused(lm_export,
                                                             tmp_path, capfd):
   path, _, _, _ = lm_export

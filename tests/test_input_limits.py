@@ -210,6 +210,7 @@ def test_input_lines_come_as_they_are_written():
     assert list(lines) == ['second', 'third']
 
 
+@pytest.mark.slow
 def test_predict_reads_its_input_a_batch_at_a_time(spm_model):
   """`predict` held all its input before the first prediction."""
   import flax.linen as nn

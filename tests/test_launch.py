@@ -217,6 +217,7 @@ def shipped(env, worker=0) -> list[str]:
     return tar.getnames()
 
 
+@pytest.mark.slow
 def test_tpu_vm_creates_installs_starts_detached_follows_and_deletes(fakes):
   env, calls, _ = fakes
   result = run([*TPU, *FOLLOW, '--', *TRAIN], dict(env, FAKE_TRAIN_SECONDS='1'))
@@ -252,6 +253,7 @@ def test_tpu_vm_creates_installs_starts_detached_follows_and_deletes(fakes):
   assert worker_files(env, 'exit_code') == ['0\n', '0\n']
 
 
+@pytest.mark.slow
 def test_tpu_vm_ships_a_fresh_private_archive_never_a_planted_one(fakes):
   """An archive left (or planted by another user) in the shared temporary
   folder is not what the workers install: each launch builds its own in a
@@ -281,6 +283,7 @@ def test_tpu_vm_names_follow_the_cloud_rules(fakes, name):
   assert calls() == []
 
 
+@pytest.mark.slow
 def test_tpu_vm_training_outlives_dropped_connections(fakes):
   env, calls, script = fakes
   # The log stream drops mid-run and the next poll cannot reach the VM.
@@ -297,6 +300,7 @@ def test_tpu_vm_training_outlives_dropped_connections(fakes):
   assert worker_files(env, 'exit_code') == ['0\n', '0\n']
 
 
+@pytest.mark.slow
 def test_tpu_vm_can_stop_following_and_attach_again(fakes):
   env, calls, script = fakes
   env = dict(env, FAKE_TRAIN_SECONDS='2')
@@ -339,6 +343,7 @@ def test_tpu_vm_dry_run_prints_the_commands_and_runs_none(fakes):
   assert calls() == []
 
 
+@pytest.mark.slow
 def test_tpu_vm_recreates_and_resumes_after_a_preemption(fakes):
   env, calls, script = fakes
   # The VM vanishes under the first run: polls fail, its state is PREEMPTED.
@@ -351,6 +356,7 @@ def test_tpu_vm_recreates_and_resumes_after_a_preemption(fakes):
   assert 'preempted' in result.stdout
 
 
+@pytest.mark.slow
 def test_tpu_vm_restarts_a_run_stopped_cleanly_by_a_preemption(fakes):
   env, calls, script = fakes
   # The preemption's shutdown sends SIGTERM: training saves and exits 0.

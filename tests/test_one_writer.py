@@ -59,6 +59,7 @@ def test_a_dead_holders_lock_is_taken_over(tmp_path):
     pass
 
 
+@pytest.mark.slow
 def test_a_second_bulk_run_on_the_same_output_is_refused(
     lm_export, prompts, tmp_path, capfd):
   out = tmp_path / 'out.jsonl'

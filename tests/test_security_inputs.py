@@ -103,6 +103,7 @@ def saved(export: str) -> tuple[dict, str]:
   return extra, json.dumps(extra)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize('command', ['export', 'average'])
 def test_an_export_records_no_machine_path_unless_asked(workdir, tmp_path,
                                                         command):
@@ -141,6 +142,7 @@ def test_without_machine_paths_keeps_everything_else():
 # ------------------------------------- what a loaded model makes commands do
 
 
+@pytest.mark.slow
 def test_a_loaded_model_reads_only_the_data_its_user_names(workdir, tmp_path,
                                                            capfd):
   """The saved config names /home/alice/corpus/dev.tsv: `evaluate` does not

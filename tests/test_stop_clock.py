@@ -57,6 +57,7 @@ def test_once_the_checkpoint_is_committed_the_exit_hooks_are_skipped():
                       r'checkpoint is committed: no exit hooks\)', line)
 
 
+@pytest.mark.slow
 def test_a_stuck_phase_cannot_hold_the_process_past_the_bound():
   lines = stopped('stuck')
   assert lines[0].endswith(': a report')

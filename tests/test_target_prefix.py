@@ -39,6 +39,7 @@ def starts_with_prefixes(tokens, forced):
     assert np.all(row[..., :len(prefix)] == prefix), (row, prefix)
 
 
+@pytest.mark.slow
 def test_greedy_starts_with_the_prefix_and_equals_forced_decoding():
   config, params = translation_model(eos_bias=1.0)
   inputs = random_sources(4, 7, seed=3)
@@ -53,6 +54,7 @@ def test_greedy_starts_with_the_prefix_and_equals_forced_decoding():
   assert not np.array_equal(tokens[0], unforced[0])
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize('alpha', [0.0, 0.6])
 def test_beam_hypotheses_start_with_the_prefix_scored_after_it(alpha):
   # Every hypothesis starts with its prefix; its score is the log-probability
@@ -103,6 +105,7 @@ SOURCES = ['she bought forty-two red apples .', 'he sold three books .', '',
            'they found nine green cups .']
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize('beam', ['1', '3'])
 def test_translate_starts_each_line_with_its_prefix(workdir, tmp_path, beam,
                                                     capsys):
@@ -125,6 +128,7 @@ def test_translate_starts_each_line_with_its_prefix(workdir, tmp_path, beam,
   assert len(each) == len(plain) == 4 and each[2] == ''
 
 
+@pytest.mark.slow
 def test_a_prefix_file_of_another_line_count_is_refused(workdir, tmp_path,
                                                         capsys):
   source = tmp_path / 'source.txt'

@@ -125,6 +125,7 @@ def test_config_from_torch_matches_the_reference_architecture():
 
 
 # torch's encoder takes its nested-tensor fast path for padded batches in eval.
+@pytest.mark.slow
 @pytest.mark.filterwarnings('ignore:The PyTorch API of nested tensors')
 @pytest.mark.parametrize('scan_layers', [False, True])
 def test_converted_weights_give_the_reference_logits(scan_layers):

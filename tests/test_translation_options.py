@@ -30,6 +30,7 @@ def search(models, inputs, phrases, forced=PREFIXES, beam=4):
   return np.asarray(tokens), np.asarray(scores)
 
 
+@pytest.mark.slow
 def test_constraints_after_a_prefix_hold_both():
   config, params = translation_model(eos_bias=1.0)
   inputs = random_sources(4, 7, seed=5)
@@ -43,6 +44,7 @@ def test_constraints_after_a_prefix_hold_both():
   assert np.all(np.isfinite(scores[:, 0]))
 
 
+@pytest.mark.slow
 def test_rows_without_phrases_decode_as_forced_beam_search():
   config, params = translation_model(eos_bias=2.0)
   inputs = random_sources(4, 7, seed=6)
@@ -55,6 +57,7 @@ def test_rows_without_phrases_decode_as_forced_beam_search():
   np.testing.assert_array_equal(scores, np.asarray(plain_scores))
 
 
+@pytest.mark.slow
 def test_a_model_ensembled_with_itself_under_constraints_decodes_alone():
   model = translation_model(eos_bias=1.0)
   inputs = random_sources(4, 7, seed=7)
@@ -65,6 +68,7 @@ def test_a_model_ensembled_with_itself_under_constraints_decodes_alone():
   np.testing.assert_array_equal(together[1], alone[1])
 
 
+@pytest.mark.slow
 def test_two_models_under_constraints_contain_every_phrase():
   models = [translation_model(eos_bias=1.0),
             translation_model(eos_bias=1.0, seed=1)]
@@ -112,6 +116,7 @@ def files(tmp_path_factory):
   return written, prefixes, terms
 
 
+@pytest.mark.slow
 def test_all_flags_together_to_stdout_and_to_a_file(runs, files, tmp_path,
                                                     capsys):
   (source, prefixes, terms), prefix_lines, term_lines = files
@@ -132,6 +137,7 @@ def test_all_flags_together_to_stdout_and_to_a_file(runs, files, tmp_path,
   assert out.read_text().splitlines() == lines
 
 
+@pytest.mark.slow
 def test_an_ensemble_to_a_file_writes_what_it_prints(runs, files, tmp_path,
                                                      capsys):
   (source, _, _), _, _ = files
@@ -147,6 +153,7 @@ def test_an_ensemble_to_a_file_writes_what_it_prints(runs, files, tmp_path,
   assert alone.read_text() != printed
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize('flag', ['--target-prefix-file', '--constraints'])
 def test_a_per_line_file_of_another_line_count_is_refused_with_output(
     runs, files, tmp_path, capsys, flag):

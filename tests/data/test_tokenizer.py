@@ -156,6 +156,7 @@ def test_model_with_other_special_ids_is_rejected(tmp_path):
     tokenizer_lib.Tokenizer.from_serialized(model.getvalue())
 
 
+@pytest.mark.slow
 def test_other_processes_wait_for_process_zero(trained, tmp_path):
   tokenizer, _ = trained
   config = small_config()

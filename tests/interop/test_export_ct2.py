@@ -113,6 +113,7 @@ def test_cli_writes_an_int8_model_that_translates(export_dir, tmp_path,
   assert 1 <= len(result[0].hypotheses[0]) <= 4
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize('argv, message', [
     (['--format', 'onnx'], '--format onnx: choose one of jaxformer, ct2, hf'),
     (['--format', 'ct2', '--quantization', 'int4'],

@@ -113,6 +113,7 @@ def test_the_import_has_m2m100s_options(imported):
   assert imported.ours.source_tok.vocab_size == hf.vocab_size
 
 
+@pytest.mark.slow
 def test_logits_equal_pytorchs(imported):
   (source, _), (target, _) = imported.pairs
   sources = imported.rows(sentences(), source)
@@ -370,6 +371,7 @@ def test_ct2_export_translates_as_generate(imported, tmp_path, capsys):
   assert all(r.hypotheses[0][0] == prefix for r in result)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize('imported', ['m2m100-2+1'], indirect=True)
 def test_constraints_follow_the_forced_language_token(imported, tmp_path,
                                                       capsys):

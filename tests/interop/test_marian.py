@@ -99,6 +99,7 @@ def test_the_import_has_marians_options(imported):
   assert np.abs(bias).max() > 0.1  # final_logits_bias is not zero.
 
 
+@pytest.mark.slow
 def test_logits_equal_pytorchs(imported):
   sources = imported.rows(sentences())
   targets = imported.rows(sentences(seed=9)[::-1], target=True)

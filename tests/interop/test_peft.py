@@ -99,6 +99,7 @@ def test_the_import_has_the_adapters_settings(adapted):
   assert len(adapted.config.lora_targets) == len(arguments['target_modules'])
 
 
+@pytest.mark.slow
 def test_logits_equal_peft_within_1e_5_and_greedy_ids_equal(adapted):
   theirs = llama_folders.hf_logits(adapted.peft_model, adapted.rows)
   base = llama_folders.hf_logits(llama_folders.hf_model(adapted.base),
@@ -197,6 +198,7 @@ def test_dora_is_refused(adapted, tmp_path, capsys):
                        str(folder)], tmp_path, capsys, 'use_dora=True')
 
 
+@pytest.mark.slow
 def test_generate_chat_continues_the_rendered_conversation(tmp_path_factory,
                                                           capsys):
   """`jaxformer generate --chat` on the Qwen2-style import (whose folder

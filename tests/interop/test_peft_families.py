@@ -161,6 +161,7 @@ def test_the_import_has_the_adapters_settings(adapted):
   assert len(adapted.config.lora_targets) == len(arguments['target_modules'])
 
 
+@pytest.mark.slow
 def test_logits_equal_peft_within_1e_5(adapted):
   base = adapted.base_model()
   moved = np.abs(adapted.theirs(adapted.peft_model, adapted.inputs())
@@ -172,6 +173,7 @@ def test_logits_equal_peft_within_1e_5(adapted):
   assert difference < 1e-5
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize('name', [name for name, (family, _, _)
                                   in sorted(ADAPTERS.items())
                                   if family == 'm2m100'])
@@ -192,6 +194,7 @@ def test_m2m100_greedy_ids_equal_peft_generate(name, tmp_path_factory):
                                                for r in theirs]
 
 
+@pytest.mark.slow
 def test_peft_export_loads_in_peft_and_imports_again_bitwise(adapted,
                                                              tmp_path):
   out = str(tmp_path / 'peft')

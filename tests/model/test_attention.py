@@ -62,6 +62,7 @@ def test_cross_attention_mask_pairs_query_and_key_segments():
                                              [0, 0, 0, 0]])
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize('causal', [False, True])
 def test_einsum_attention_is_scaled_dot_product_attention(causal):
   q, k, v = random_qkv(t=6, s=6)
@@ -74,6 +75,7 @@ def test_einsum_attention_is_scaled_dot_product_attention(causal):
   np.testing.assert_allclose(weights.sum(-1), 1.0, rtol=1e-6)
 
 
+@pytest.mark.slow
 def test_fully_masked_padding_query_gives_finite_output():
   q, k, v = random_qkv(t=6, s=6)
   segments = jnp.array([[1, 1, 1, 1, 0, 0], [1, 0, 0, 0, 0, 0]])
@@ -97,6 +99,7 @@ def test_shared_key_attention_gives_each_beam_its_sentences_keys():
     np.testing.assert_allclose(out[row], expected[0], atol=1e-5)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize('buckets', [4, None])  # None: 10 slots, one bucket.
 @pytest.mark.parametrize('filled', [1, 3, 4, 7, 10])
 def test_prefix_attention_equals_attention_over_the_whole_cache(filled,
@@ -133,6 +136,7 @@ def test_fused_cross_attention_equals_einsum_with_source_padding():
                              einsum_attention(q, k, v, mask)[0], atol=1e-5)
 
 
+@pytest.mark.slow
 def test_multi_head_attention_maps_d_model_to_d_model():
   x = jax.random.normal(jax.random.PRNGKey(0), (2, 5, 32))
   everywhere = jnp.ones((2, 5), jnp.int32)
@@ -211,6 +215,7 @@ def test_grouped_fused_attention_equals_einsum_attention(kv_heads):
       np.asarray(einsum_attention(q, k, v, mask)[0])[real], atol=1e-5)
 
 
+@pytest.mark.slow
 def test_grouped_cache_attention_equals_attention_to_repeated_heads():
   """The decoding cache's paths: beams sharing a sentence's kv heads, and
   the cache read in prefixes."""

@@ -95,6 +95,7 @@ def repeated_kv_params(params, group: int):
   return dict(params, key=repeat(params['key']), value=repeat(params['value']))
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize('kind', ['self', 'causal', 'cross'])
 @pytest.mark.parametrize('kv_heads', [1, 2])
 def test_grouped_query_attention_equals_multi_head_with_repeated_kv(
@@ -113,6 +114,7 @@ def test_grouped_query_attention_equals_multi_head_with_repeated_kv(
   np.testing.assert_allclose(got, want, atol=1e-5)
 
 
+@pytest.mark.slow
 def test_as_many_kv_heads_as_heads_is_the_multi_head_model():
   params = init(EncoderDecoder(SMALL), TOKENS, TOKENS)
   explicit = EncoderDecoder(SMALL.replace(num_kv_heads=4))
@@ -131,6 +133,7 @@ def test_kv_heads_must_divide_the_heads():
 # Head width, biases.
 
 
+@pytest.mark.slow
 def test_head_dim_of_its_own_sets_the_projection_shapes():
   config = SMALL.replace(num_heads=3, num_kv_heads=1, head_dim=8)  # 3 x 8 != 16
   params = init(DecoderLM(config), TOKENS)['decoder']['layer_0']
@@ -148,6 +151,7 @@ def bias_paths(params) -> list[str]:
           if 'bias' in jax.tree_util.keystr(path)]
 
 
+@pytest.mark.slow
 def test_no_bias_anywhere_when_asked():
   config = SMALL.replace(use_bias=False, norm_type='rms', norm_position='pre',
                          share_embeddings='none', logits_bias=False,

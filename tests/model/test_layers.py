@@ -91,6 +91,7 @@ def test_position_offset_shifts_the_lookup_and_grows_the_table(kind):
   np.testing.assert_allclose(out[0], table[[2, 7, 4]])
 
 
+@pytest.mark.slow
 def test_matmuls_are_x_times_each_kernel_transposed():
   kernels = [jax.random.normal(jax.random.PRNGKey(0), (6, 5)),
              jax.random.normal(jax.random.PRNGKey(2), (3, 5))]
@@ -210,6 +211,7 @@ def test_dropout_edge_rates_shapes_and_dtypes():
   assert 400 < int((trained == 0).sum()) < 600
 
 
+@pytest.mark.slow
 def test_dropout_masks_do_not_depend_on_sharding():
   mesh = jax.make_mesh((8,), ('data',))
   sharding = jax.sharding.NamedSharding(mesh, jax.sharding.PartitionSpec(

@@ -81,6 +81,7 @@ def adapter_paths(params):
           if lora.is_adapter(path)]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize('task_name', sorted(FAMILIES))
 @pytest.mark.parametrize('use_rslora', [False, True])
 def test_zero_b_gives_the_base_model_exactly(task_name, use_rslora):
@@ -111,6 +112,7 @@ def _merged(params, config):
   return traverse_util.unflatten_dict(merged)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize('task_name', sorted(FAMILIES))
 @pytest.mark.parametrize('targets', ['q,v', 'all'])
 def test_an_adapter_adds_scale_b_a_to_its_kernel(task_name, targets):
@@ -133,6 +135,7 @@ def test_an_adapter_adds_scale_b_a_to_its_kernel(task_name, targets):
   np.testing.assert_allclose(adapted, reference, atol=1e-4, rtol=1e-4)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize('layout', [
     dict(scan_layers=True), dict(remat_policy='full'),
     dict(scan_layers=True, remat_policy='dots'),
@@ -218,6 +221,7 @@ def quantized(config, params, batch, base_dtype):
   return held, frozen_kernels.quantize(params, abstract)
 
 
+@pytest.mark.slow
 def test_an_int8_base_computes_the_float_model_within_its_rounding():
   """model.lora.base_dtype='int8': the projections' kernels are int8 with
   a scale per output feature (`frozen_kernels.quantize` of the float
@@ -240,6 +244,7 @@ def test_an_int8_base_computes_the_float_model_within_its_rounding():
   assert 0 < error < 0.02 * np.abs(reference).max()
 
 
+@pytest.mark.slow
 def test_a_bfloat16_base_holds_the_projections_in_bfloat16():
   config = family_config('translation', lora=dict(
       targets='q', base_dtype='bfloat16'))
@@ -287,6 +292,7 @@ def test_nf4_values_are_the_nearest_levels_times_the_block_maximum(
       numpy_nf4(values, out_ndim))
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize('base_dtype', ['int8', 'nf4'])
 def test_a_quantized_base_merges_into_the_plain_model_it_computes(
     base_dtype):
@@ -318,6 +324,7 @@ def test_a_quantized_base_merges_into_the_plain_model_it_computes(
       np.asarray(adapted), atol=1e-4, rtol=1e-4)
 
 
+@pytest.mark.slow
 def test_an_nf4_base_computes_the_float_model_on_its_rounded_kernels():
   from jaxformer.model import frozen_kernels
   config = family_config('language_model', lora=lora.LoraConfig(

@@ -89,6 +89,7 @@ def test_scaled_frequencies_equal_hugging_face_bit_for_bit(scaling):
   np.testing.assert_array_equal(ours, theirs)
 
 
+@pytest.mark.slow
 def test_rotate_turns_each_feature_pair_by_position_times_frequency():
   x = jax.random.normal(jax.random.PRNGKey(0), (2, 5, 3, 8))
   positions = jnp.array([[0, 1, 2, 3, 4], [7, 0, 9, 3, 11]])
@@ -121,6 +122,7 @@ def test_scores_depend_only_on_the_distance_between_positions():
                          rotary.rotate(q, positions, inv_freq), atol=1e-2)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize('kind', ['self', 'causal'])
 def test_rotary_attention_is_the_same_at_shifted_positions(kind):
   config = ROPE.replace(qkv_bias=True, **LLAMA3)  # The key bias rotates too.

@@ -65,6 +65,7 @@ def replace_padding(tokens, seed):
 # Shapes.
 
 
+@pytest.mark.slow
 def test_encoder_decoder_gives_float32_logits_per_target_position():
   model = EncoderDecoder(TINY)
   params = init(model, INPUTS, TARGETS)
@@ -72,6 +73,7 @@ def test_encoder_decoder_gives_float32_logits_per_target_position():
   assert logits.shape == (2, 7, 50) and logits.dtype == jnp.float32
 
 
+@pytest.mark.slow
 def test_separate_target_vocabulary():
   config = TINY.replace(target_vocab_size=30, share_embeddings='none')
   model = EncoderDecoder(config)
@@ -128,6 +130,7 @@ def test_regressor_gives_values():
 # Masking: padding, causality, packed segments.
 
 
+@pytest.mark.slow
 def test_encoder_decoder_ignores_tokens_under_padding():
   model = EncoderDecoder(TINY)
   params = init(model, INPUTS, TARGETS)
@@ -152,6 +155,7 @@ def test_decoder_lm_ignores_tokens_under_padding():
   np.testing.assert_allclose(changed[real], logits[real], atol=1e-5)
 
 
+@pytest.mark.slow
 @CONFIGS
 @pytest.mark.parametrize('model_cls', [EncoderClassifier, EncoderRegressor])
 @pytest.mark.parametrize('pooling', ['first', 'mean'])
@@ -203,6 +207,7 @@ def packed(rows, length):
   return jnp.array(tokens), jnp.array(seg), jnp.array(pos)
 
 
+@pytest.mark.slow
 @CONFIGS
 def test_packed_examples_do_not_see_each_other_in_encoder_decoder(config):
   model = EncoderDecoder(config)
@@ -220,6 +225,7 @@ def test_packed_examples_do_not_see_each_other_in_encoder_decoder(config):
   np.testing.assert_allclose(together[1, 3:7], a, atol=1e-5)
 
 
+@pytest.mark.slow
 @CONFIGS
 def test_packed_examples_do_not_see_each_other_in_decoder_lm(config):
   model = DecoderLM(config)
@@ -316,6 +322,7 @@ def test_cached_decoding_equals_teacher_forcing_in_encoder_decoder(
   np.testing.assert_allclose(stepped, full, atol=1e-5)
 
 
+@pytest.mark.slow
 @CONFIGS
 @pytest.mark.parametrize('scan_layers', [False, True])
 def test_cached_decoding_equals_teacher_forcing_in_decoder_lm(scan_layers,
@@ -399,6 +406,7 @@ def test_remat_gives_the_same_loss_and_gradients(config):
 # Training.
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize('norm_position', ['post', 'pre'])
 def test_both_norm_positions_learn_to_copy(norm_position):
   config = SHALLOW.replace(norm_position=norm_position, embedding_dropout=0.0,
@@ -462,6 +470,7 @@ def test_scanned_parameters_have_a_layers_axis():
   assert tuple(kernel) == ('layers', 'heads', 'kv', 'embed')
 
 
+@pytest.mark.slow
 def test_bfloat16_computes_in_bfloat16_with_float32_params_and_logits():
   model = EncoderDecoder(TINY.replace(dtype='bfloat16'))
   own = jax.eval_shape(lambda: model.init(KEY, INPUTS, TARGETS))
@@ -475,6 +484,7 @@ def test_bfloat16_computes_in_bfloat16_with_float32_params_and_logits():
   np.testing.assert_allclose(logits, full, atol=0.25)
 
 
+@pytest.mark.slow
 def test_dropout_changes_outputs_only_in_training():
   model = EncoderDecoder(TINY, deterministic=False)
   params = init(EncoderDecoder(TINY), INPUTS, TARGETS)

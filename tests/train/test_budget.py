@@ -55,6 +55,7 @@ def test_progress_reads_wall_time_and_leaves_the_budget_clock_alone():
   assert [budget.spent(s) for s in (1, 2, 3)] == [False, False, True]
 
 
+@pytest.mark.slow
 def test_budget_stops_saves_and_reports_like_a_finished_run(tmp_path, capfd):
   # 12 readings of 10 s: one at the start, then one per step, so the
   # 2-minute budget is spent at step 12 of 20.
@@ -135,6 +136,7 @@ def test_a_run_that_slows_down_replans_to_end_decayed_with_the_budget(
   assert plan[-1]['num_steps'] == 66 and plan[-1]['seconds_per_step'] == 1.5
 
 
+@pytest.mark.slow
 def test_a_run_that_speeds_up_replans_to_end_decayed_with_the_budget(
     slow_then_fast):
   # Planned at 1.5 s per step: 40 steps; from step 20 steps take 0.5 s, so
@@ -203,6 +205,7 @@ def test_replanned_schedule_stretches_the_decay_and_reads_old_files(
       {'step': 10, 'num_steps': 49, 'seconds_per_step': 1.2, 'at': 0.0}]
 
 
+@pytest.mark.slow
 def test_average_last_evaluates_and_exports_the_mean(tmp_path):
   run = trainer(tmp_path, 'train.num_steps=15', 'checkpoint.every=5',
                 'checkpoint.keep=3', 'eval.average_last=3')

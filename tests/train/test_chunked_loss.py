@@ -29,6 +29,7 @@ def _full_logits_metrics(x, kernel, bias, targets, weights, eps):
   return loss.token_metrics(logits, targets, weights, eps)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize('with_bias', [False, True])
 @pytest.mark.parametrize('eps', [0.0, 0.1])
 @pytest.mark.parametrize('chunk_logits', [1, 3 * 4 * 29, 10 ** 9])
@@ -61,6 +62,7 @@ def test_output_token_metrics_and_gradients_equal_the_full_logits(
   np.testing.assert_allclose(plain['loss'], expected_sums['loss'], rtol=1e-5)
 
 
+@pytest.mark.slow
 def test_output_token_metrics_in_bfloat16_keep_the_input_dtypes():
   x, kernel, bias, targets, weights = _output_layer_problem(1, 2, 5, 8, 13,
                                                             True)
@@ -106,6 +108,7 @@ def test_chunks_are_sized_by_the_rows_on_each_device_of_the_mesh():
   assert chunking.chunk_rows_per_device == 512
 
 
+@pytest.mark.slow
 def test_sharded_output_token_metrics_equal_the_full_logits():
   """Over data x fsdp x tensor, each row shard's kernel gradient summed in
   the loop and reduced after it: the same sums and gradients."""
@@ -146,6 +149,7 @@ def _dots(jaxpr):
           yield from _dots(sub)
 
 
+@pytest.mark.slow
 def test_bfloat16_output_matmuls_take_bfloat16_and_accumulate_in_float32():
   x, kernel, bias, targets, weights = _output_layer_problem(1, 2, 5, 8, 13,
                                                             True)

@@ -66,6 +66,7 @@ def test_the_warm_up_of_the_decay_is_documented():
   assert float(ema_lib.warmed_decay(0.5, 10 ** 6)) == 0.5
 
 
+@pytest.mark.slow
 def test_the_update_is_its_formula_and_sharded_like_the_parameters(mesh):
   state, step, _ = setup(mesh)
   assert all(e.dtype == np.float32 and e.sharding == p.sharding
@@ -89,6 +90,7 @@ def test_the_update_is_its_formula_and_sharded_like_the_parameters(mesh):
       jax.tree.leaves(as_numpy(state.params))))
 
 
+@pytest.mark.slow
 def test_no_average_is_kept_at_decay_zero(mesh):
   state, step, _ = setup(mesh, ema_decay=0.0)
   assert type(state) is TrainState and ema_lib.of(state) is None
@@ -100,6 +102,7 @@ def test_no_average_is_kept_at_decay_zero(mesh):
   assert type(state) is TrainState
 
 
+@pytest.mark.slow
 def test_a_resumed_run_continues_the_average_bit_for_bit(mesh, tmp_path):
   state, step, (task, tx, rules) = setup(mesh)
   data = batches(4)

@@ -66,6 +66,7 @@ def trained(tmp_path_factory):
   return trainer, trainer.train(), seen, workdir
 
 
+@pytest.mark.slow
 def test_a_run_calls_its_hooks_and_returns_its_result(trained):
   trainer, result, seen, workdir = trained
   assert result.finished and int(result.state.step) == 6

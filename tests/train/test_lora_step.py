@@ -48,6 +48,7 @@ def run(model_config, mesh_sizes, steps=3):
   return initial, _flat_numpy(state.params), state.opt_state, losses
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize('mesh_sizes,layout', [
     ({'data': 8}, {}),
     ({'data': 2, 'fsdp': 4}, dict(scan_layers=True, remat_policy='full'))])
@@ -66,6 +67,7 @@ def test_only_adapters_train(mesh_sizes, layout):
     assert final[path].tobytes() == initial[path].tobytes(), path
 
 
+@pytest.mark.slow
 def test_optimizer_state_is_the_adapters_alone():
   config = tiny_model(lora=dict(targets='all', rank=2))
   _, final, opt_state, _ = run(config, {'data': 8}, steps=1)
@@ -90,6 +92,7 @@ def test_split_and_merge_are_inverse():
   assert frozen_base.split(plain) == (plain, {})
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize('base_dtype, stored', [('int8', np.int8),
                                                 ('nf4', np.uint8)])
 def test_a_quantized_base_stays_quantized_and_unchanged(base_dtype, stored):

@@ -2,10 +2,12 @@
 import jax
 import jax.numpy as jnp
 import numpy as np
+import pytest
 
 from jaxformer.train import chunked_loss, loss
 
 
+@pytest.mark.slow
 def test_smoothed_cross_entropy_matches_the_explicit_distribution():
   logits = jax.random.normal(jax.random.key(0), (3, 5, 11))
   targets = jax.random.randint(jax.random.key(1), (3, 5), 0, 11)
@@ -39,6 +41,7 @@ def test_token_metrics_ignore_padding_and_normalise_by_real_tokens():
                              rtol=1e-6)
 
 
+@pytest.mark.slow
 def test_a_target_is_correct_where_argmax_picks_it_or_it_ties_the_top():
   logits = jax.random.normal(jax.random.key(0), (4, 9, 13))
   targets = jax.random.randint(jax.random.key(1), (4, 9), 0, 13)
@@ -52,6 +55,7 @@ def test_a_target_is_correct_where_argmax_picks_it_or_it_ties_the_top():
                             0.0)['correct'] == 1
 
 
+@pytest.mark.slow
 def test_macro_f1_and_pearson():
   log_probs = jnp.log(jax.nn.one_hot(jnp.array([0, 0, 1, 1]), 2) * 0.98 + 0.01)
   labels = jnp.array([0, 1, 1, 1])

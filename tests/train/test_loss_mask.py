@@ -42,6 +42,7 @@ def _equal(a, b):
   jax.tree.map(np.testing.assert_array_equal, a, b)
 
 
+@pytest.mark.slow
 def test_a_mask_of_ones_changes_nothing_bitwise(setup):
   _, params, batch, sums_and_grads = setup
   ones = dict(batch, targets_loss_mask=np.ones((3, 8), np.int32))
@@ -54,6 +55,7 @@ def _prompt_mask():
   return mask
 
 
+@pytest.mark.slow
 def test_the_masked_loss_is_that_of_the_unmasked_tokens(setup):
   model, params, batch, sums_and_grads = setup
   masked = dict(batch, targets_loss_mask=_prompt_mask())
@@ -76,6 +78,7 @@ def test_the_masked_loss_is_that_of_the_unmasked_tokens(setup):
                grads, expected_grads)
 
 
+@pytest.mark.slow
 def test_masked_tokens_add_nothing_to_loss_or_gradients(setup):
   """The targets under a trailing mask (whose changes reach no unmasked
   prediction) may be anything: the sums and gradients stay the same."""

@@ -105,6 +105,7 @@ def single_device_run():
   return run_steps(tiny_model(), {'data': 1}, 1, toy_batches(STEPS))
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize('mesh_sizes', [
     {'data': 8}, {'data': 2, 'fsdp': 4}, {'data': 2, 'fsdp': 2, 'tensor': 2}])
 def test_sharded_steps_match_single_device(single_device_run, mesh_sizes):
@@ -112,6 +113,7 @@ def test_sharded_steps_match_single_device(single_device_run, mesh_sizes):
                   single_device_run)
 
 
+@pytest.mark.slow
 def test_two_slices_step_as_one_device(single_device_run):
   """A hybrid mesh: the 8 CPU devices (which have no slice_index) grouped
   into two fake slices of 4 by device id, each a data=2 x fsdp=2 mesh,
@@ -128,6 +130,7 @@ def test_two_slices_step_as_one_device(single_device_run):
                   single_device_run)
 
 
+@pytest.mark.slow
 def test_fsdp_and_tensor_axes_shard_the_parameters():
   mesh = mesh_lib.make_mesh({'data': 2, 'fsdp': 2, 'tensor': 2})
   task = get_task('translation')
@@ -144,16 +147,19 @@ def test_fsdp_and_tensor_axes_shard_the_parameters():
   assert ffn_in.addressable_shards[0].data.shape == (32, 16)
 
 
+@pytest.mark.slow
 def test_loss_falls_on_a_toy_task(single_device_run):
   losses = single_device_run[0]
   assert losses[-1] < losses[0] - 0.15
 
 
+@pytest.mark.slow
 def test_gradient_accumulation_equals_a_larger_batch(single_device_run):
   assert_same_run(run_steps(tiny_model(), {'data': 1}, 1, toy_batches(STEPS),
                             grad_accum_steps=4), single_device_run)
 
 
+@pytest.mark.slow
 def test_remat_gives_the_plain_losses(single_device_run):
   assert_same_run(run_steps(tiny_model(remat_policy='full'), {'data': 1}, 1,
                             toy_batches(STEPS)), single_device_run)
@@ -172,6 +178,7 @@ def stack_layers(params):
   return out
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize('remat_policy', ['none', 'dots'])
 def test_scanned_layers_give_the_plain_loss_and_gradients(remat_policy):
   task = get_task('translation')
@@ -212,6 +219,7 @@ def accumulating_fsdp_step_jaxpr(grad_accum_steps=2):
   return traced.jaxpr, shardings.params
 
 
+@pytest.mark.slow
 def test_gradient_accumulation_carry_is_sharded_like_the_parameters():
   """The gradient sums carried between microbatches enter the loop, and
   leave each iteration, through sharding constraints to the parameters'
@@ -242,6 +250,7 @@ def test_gradient_accumulation_carry_is_sharded_like_the_parameters():
   assert any('fsdp' in spec for spec in specs)
 
 
+@pytest.mark.slow
 def test_gradient_accumulation_under_fsdp_equals_a_larger_batch(
     single_device_run):
   assert_same_run(run_steps(tiny_model(), {'data': 2, 'fsdp': 4}, 8,
