@@ -137,7 +137,7 @@ def cmd_import(args, overrides) -> int:
         args.keep_provenance)
     print(llama.report(config, model_type, args.out))
     return 0
-  if model_type != 'marian':
+  if model_type != marian.MODEL_TYPE:
     raise ValueError(f'{args.from_}/config.json: model_type {model_type!r} '
                      'cannot be imported; supported: '
                      f'{", ".join(IMPORTED_TYPES)}.')
@@ -150,14 +150,16 @@ def cmd_import(args, overrides) -> int:
 
 
 def _import_adapter(args, model_type: str) -> int:
-  """A Llama-family, BERT-family or M2M100/NLLB base with a PEFT LoRA
-  adapter (interop/peft.py)."""
+  """A Llama-family, BERT-family, M2M100/NLLB or Marian base with a PEFT
+  LoRA adapter (interop/peft.py)."""
   from jaxformer.config.settings import default_config
-  from jaxformer.interop import bert, m2m100, peft
+  from jaxformer.interop import bert, m2m100, marian, peft
   if model_type in bert.MODEL_TYPES:
     _float32_only(args, 'BERT-family')
   if model_type == m2m100.MODEL_TYPE:
     _float32_only(args, 'M2M100/NLLB')
+  if model_type == marian.MODEL_TYPE:
+    _float32_only(args, marian.FAMILY)
   config, report = peft.import_folder(
       args.from_, args.adapter, args.out, default_config(), args.dtype,
       args.keep_provenance, args.num_labels)

@@ -43,6 +43,10 @@ SAME = {'decoder_ffn_dim': 'encoder_ffn_dim',
         'decoder_attention_heads': 'encoder_attention_heads'}
 
 
+MODEL_TYPE = 'marian'
+FAMILY = 'Marian'
+
+
 class MarianImportError(InteropError):
   """The folder cannot be imported; the message names the file or key."""
 
@@ -60,7 +64,7 @@ def _read_config(folder: str) -> dict:
     config = vocab_tokenizer.read_json(path)
   except DataError as e:
     raise MarianImportError(str(e)) from None
-  if config.get('model_type') != 'marian':
+  if config.get('model_type') != MODEL_TYPE:
     raise MarianImportError(f'{path}: model_type is {config.get("model_type")!r}, '
                        "not 'marian'; only Marian (OPUS-MT) models import")
   config_bounds.check_sizes(folder, config, MarianImportError)
@@ -241,10 +245,11 @@ def run_config(base, config: ModelConfig, source, target):
 
 def import_folder(folder: str, out: str, base_config,
                   warn: Callable[[str], None] = print,
-                  keep_provenance: bool = False) -> ModelConfig:
+                  keep_provenance: bool = False, adapt=None) -> ModelConfig:
   """Writes the jaxformer export of the Marian model in `folder` to `out`
   (which must not exist; it records `folder` if `keep_provenance`);
-  returns its ModelConfig."""
+  returns its ModelConfig. `adapt` (config, params, table) -> (config,
+  params) adds adapters (peft.py)."""
   folder = os.path.abspath(folder)
   out = os.path.abspath(out)
   if not os.path.isdir(folder):
@@ -255,6 +260,8 @@ def import_folder(folder: str, out: str, base_config,
   config = model_config(_read_config(folder))
   source, target = _tokenizers(folder, config)
   params = params_from_weights(read_weights(folder), config, warn)
+  if adapt:
+    config, params = adapt(config, params, weight_table(config))
   run = run_config(base_config, config, source, target)
   folders.write_import(out, params, run, [source, target], folder,
                        keep_provenance)

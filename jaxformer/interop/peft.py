@@ -1,5 +1,6 @@
 """Hugging Face PEFT LoRA adapters in and out, for the Llama family, the
-BERT family (BERT, RoBERTa, XLM-R classifiers) and M2M100/NLLB.
+BERT family (BERT, RoBERTa, XLM-R classifiers), M2M100/NLLB and Marian
+(OPUS-MT).
 
 A PEFT adapter folder holds adapter_config.json (peft_type 'LORA', r,
 lora_alpha, lora_dropout, target_modules, use_rslora) and
@@ -22,7 +23,7 @@ import os
 import numpy as np
 
 from jaxformer.interop import (bert, folders, hf_folders, layout, llama,
-                               m2m100, peft_targets, weight_table)
+                               m2m100, marian, peft_targets, weight_table)
 from jaxformer.interop.weight_table import Tensor, tensor
 from jaxformer.model import frozen_kernels, lora
 from jaxformer.model.config import ModelConfig
@@ -161,7 +162,7 @@ def import_folder(folder: str, adapter_folder: str, out: str, base_config,
                   dtype: str = 'float32', keep_provenance: bool = False,
                   num_labels: int | None = None) -> tuple[ModelConfig, str]:
   """`jaxformer import --from folder --adapter adapter_folder`: the base
-  (Llama family, BERT family or M2M100/NLLB) with the PEFT adapter as
+  (Llama family, BERT family, M2M100/NLLB or Marian) with the PEFT adapter as
   model.lora, to the new export `out`; returns its ModelConfig and the
   family's report of the import. `num_labels`: a BERT-family base
   model's fresh head (bert.head)."""
@@ -176,6 +177,11 @@ def import_folder(folder: str, adapter_folder: str, out: str, base_config,
         folder, out, base_config, keep_provenance,
         adapt=adapting(adapter_folder, m2m100.FAMILY))
     return config, m2m100.report(config, languages, out)
+  if kind == marian.MODEL_TYPE:
+    config = marian.import_folder(
+        folder, out, base_config, marian.main_warn, keep_provenance,
+        adapt=adapting(adapter_folder, marian.FAMILY))
+    return config, marian.report(config, out)
   if kind in llama.MODEL_TYPES:
     config, kind = llama.import_folder(
         folder, out, base_config, dtype, keep_provenance,
@@ -183,8 +189,8 @@ def import_folder(folder: str, adapter_folder: str, out: str, base_config,
     return config, llama.report(config, kind, out)
   raise PeftError(f'--adapter: PEFT adapters import over Llama-family ('
                   f'{", ".join(llama.MODEL_TYPES)}), BERT-family ('
-                  f'{", ".join(bert.MODEL_TYPES)}) and M2M100/NLLB bases; '
-                  f'{folder} is {kind!r}')
+                  f'{", ".join(bert.MODEL_TYPES)}), M2M100/NLLB and Marian '
+                  f'bases; {folder} is {kind!r}')
 
 
 def adapter_json(config: ModelConfig, target_modules: list[str],
@@ -210,8 +216,8 @@ def _base_of(trained):
 def export_layout(trained) -> tuple[list[Tensor], list, str | None]:
   """(their weight table, [(path of a layer stack, its layers)], PEFT's
   task_type) of `trained`'s family; raises ValueError naming what keeps
-  it from being a Llama, BERT-family or M2M100 model."""
-  from jaxformer.interop import hf_bert, hf_llama, hf_m2m100
+  it from being a Llama, BERT-family, M2M100 or Marian model."""
+  from jaxformer.interop import hf_bert, hf_llama, hf_m2m100, hf_marian
   config, base = trained.model_config, _base_of(trained)
   if trained.task.name in ('classification', 'regression'):
     hf_bert.check_exportable(base, '--format peft')
@@ -228,6 +234,14 @@ def export_layout(trained) -> tuple[list[Tensor], list, str | None]:
     return (m2m100.weight_table(config),
             [(('encoder',), config.num_encoder_layers),
              (('decoder',), config.num_decoder_layers)], 'SEQ_2_SEQ_LM')
+  if trained.task.translates:
+    reasons = hf_marian.blockers(config)
+    if reasons:
+      raise ValueError('--format peft: this translation model is not a '
+                       'Marian or M2M100 model: ' + '; '.join(reasons) + '.')
+    return (marian.weight_table(config),
+            [(('encoder',), config.num_encoder_layers),
+             (('decoder',), config.num_decoder_layers)], 'SEQ_2_SEQ_LM')
   hf_llama.check_exportable(base, '--format peft')
   return (llama.weight_table(config),
           [(('decoder',), config.num_decoder_layers)], 'CAUSAL_LM')
@@ -235,7 +249,7 @@ def export_layout(trained) -> tuple[list[Tensor], list, str | None]:
 
 def export(trained, out: str) -> str:
   """`jaxformer export --format peft`: the adapters of `trained` (a
-  Llama-family language model, BERT-family classifier or M2M100
+  Llama-family language model, BERT-family classifier, M2M100 or Marian
   translator with model.lora) as a PEFT folder at the new local folder
   `out`, which `PeftModel.from_pretrained(base, out)` loads; returns it."""
   from safetensors.numpy import save_file

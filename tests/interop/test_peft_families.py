@@ -1,12 +1,12 @@
-"""PEFT LoRA adapters of the BERT family and M2M100/NLLB: `jaxformer import
---from BASE --adapter PEFT_DIR` computes PeftModel's logits (within 1e-5;
-M2M100: teacher-forced, and greedy ids equal to generate's with
-forced_bos_token_id); `export --format peft` gives a folder
+"""PEFT LoRA adapters of the BERT family, M2M100/NLLB and Marian: `jaxformer
+import --from BASE --adapter PEFT_DIR` computes PeftModel's logits (within
+1e-5; translators: teacher-forced, and greedy ids equal to generate's, with
+M2M100's forced_bos_token_id); `export --format peft` gives a folder
 `PeftModel.from_pretrained` loads with the same logits, and that imports
 again bitwise. Adapters are made by `peft` over random-weight folders
-(bert_folders.py, m2m100_folders.py), every lora_B drawn non-zero; M2M100's
-q_proj and v_proj adapt its cross-attention too, as PEFT's do. A target
-module the family lacks fails with one line."""
+(bert_folders.py, m2m100_folders.py, marian_folders.py), every lora_B drawn
+non-zero; a translator's q_proj and v_proj adapt its cross-attention too,
+as PEFT's do. A target module the family lacks fails with one line."""
 import json
 import os
 
@@ -41,13 +41,26 @@ ADAPTERS = {
         r=4, lora_alpha=8, target_modules=['q_proj', 'v_proj', 'fc1'])),
     'm2m100-ko-fc2-r4': ('m2m100', M2M100, dict(
         r=4, lora_alpha=8, target_modules=['k_proj', 'out_proj', 'fc2'])),
+    'marian-shared-qv-fc1-r8': ('marian', dict(
+        separate=False, activation='swish', scale_embedding=True,
+        encoder_layers=2, decoder_layers=1, seed=1), dict(
+            r=8, lora_alpha=16, target_modules=['q_proj', 'v_proj', 'fc1'])),
+    'marian-separate-all-r4-rslora': ('marian', dict(
+        separate=True, activation='gelu', scale_embedding=False,
+        encoder_layers=1, decoder_layers=2, seed=2), dict(
+            r=4, lora_alpha=8, use_rslora=True, target_modules=[
+                'q_proj', 'k_proj', 'v_proj', 'out_proj', 'fc1', 'fc2'])),
 }
+TRANSLATORS = ('m2m100', 'marian')
 SOURCE, TARGET = 'en', 'de'
 
 
 def base_model(family: str, folder: str, shape):
   if family == 'bert':
     return bert_folders.hf_model(folder, shape)
+  if family == 'marian':
+    from transformers import MarianMTModel
+    return MarianMTModel.from_pretrained(folder).eval()
   from transformers import M2M100ForConditionalGeneration
   return M2M100ForConditionalGeneration.from_pretrained(folder).eval()
 
@@ -79,6 +92,8 @@ class Adapted:
     self.out = str(root / 'jaxformer')
     if self.family == 'bert':
       bert_folders.write_folder(self.base, self.shape)
+    elif self.family == 'marian':
+      marian_folders.write_folder(self.base, **self.shape)
     else:
       m2m100_folders.write_folder(self.base, **self.shape)
     self.peft_model = write_adapter(self.base_model(), self.adapter,
@@ -92,7 +107,7 @@ class Adapted:
     return base_model(self.family, self.base, self.shape)
 
   def inputs(self):
-    """BERT: (ids, token types) of sentence pairs; M2M100: (sources,
+    """BERT: (ids, token types) of sentence pairs; translators: (sources,
     targets) token rows, padded."""
     if self.family == 'bert':
       texts = marian_folders.sentences(marian_folders.WORDS, 8, 5)
@@ -101,6 +116,12 @@ class Adapted:
       pad = self.config.pad_id
       return (bert_folders.pad_rows([ids for ids, _ in encoded], pad),
               bert_folders.pad_rows([types for _, types in encoded], 0))
+    if self.family == 'marian':
+      return [bert_folders.pad_rows(
+          [list(r) for r in tok.encode(marian_folders.test_texts(8, seed))],
+          self.config.pad_id)
+              for tok, seed in ((self.ours.source_tok, 5),
+                                (self.ours.target_tok, 9))]
     tok = m2m100_folders.hf_tokenizer(self.base)
     rows = []
     for language, seed in ((SOURCE, 5), (TARGET, 9)):
@@ -176,17 +197,20 @@ def test_logits_equal_peft_within_1e_5(adapted):
 @pytest.mark.slow
 @pytest.mark.parametrize('name', [name for name, (family, _, _)
                                   in sorted(ADAPTERS.items())
-                                  if family == 'm2m100'])
-def test_m2m100_greedy_ids_equal_peft_generate(name, tmp_path_factory):
+                                  if family in TRANSLATORS])
+def test_translator_greedy_ids_equal_peft_generate(name, tmp_path_factory):
   adapted = adapted_of(name, tmp_path_factory)
   sources, _ = adapted.inputs()
-  forced = adapted.ours.source_tok.language_id(TARGET)
+  forced = (adapted.ours.source_tok.language_id(TARGET)
+            if adapted.family == 'm2m100' else None)
   pad, eos = adapted.config.pad_id, adapted.config.eos_id
+  settings = (dict(forced_bos_token_id=forced) if forced is not None
+              else dict(forced_eos_token_id=None))
   with torch.no_grad():
     theirs = adapted.peft_model.generate(
         input_ids=torch.tensor(sources), do_sample=False, num_beams=1,
-        attention_mask=torch.tensor(sources != pad),
-        forced_bos_token_id=forced, max_new_tokens=16).numpy()[:, 1:]
+        attention_mask=torch.tensor(sources != pad), max_new_tokens=16,
+        **settings).numpy()[:, 1:]
   ours = np.asarray(search.greedy_decode(
       adapted.ours.params, adapted.config, sources, max_decode_len=16,
       forced_ids=forced))
