@@ -45,6 +45,21 @@ def test_every_phrase_is_in_every_translation_of_100_lines():
   assert np.all(np.isfinite(np.asarray(scores)[:, 0]))
 
 
+def test_a_small_batch_holds_every_phrase():
+  # The fast tier's look at the search: 3 rows, 2 beams.
+  config, params = translation_model(eos_bias=2.0)
+  inputs = random_sources(3, 5, seed=3)
+  phrases = random_phrases(3, seed=1)[:, :2, :2]
+  tokens, scores = constrained.constrained_beam_search(
+      params, config, inputs, phrases, beam_size=2, alpha=0.6,
+      max_decode_len=8)
+  for row, row_phrases in zip(np.asarray(tokens)[:, 0], phrases):
+    for phrase in row_phrases:
+      if (phrase >= 0).any():
+        assert contains(row, phrase), (row, row_phrases)
+  assert np.all(np.isfinite(np.asarray(scores)[:, 0]))
+
+
 @pytest.mark.slow
 def test_rows_without_phrases_decode_as_plain_beam_search():
   config, params = translation_model(eos_bias=2.0)

@@ -39,9 +39,13 @@ def mean_greedy(models, inputs, max_decode_len, eos_id):
   return tokens
 
 
-@pytest.mark.slow
-@pytest.mark.parametrize('forced', [None, PREFIXES])
-@pytest.mark.parametrize('beam', [1, 3])
+# Greedy without a prefix stays in the fast tier; the others compile more.
+SLOW = pytest.mark.slow
+
+
+@pytest.mark.parametrize('beam, forced', [
+    (1, None), pytest.param(1, PREFIXES, marks=SLOW),
+    pytest.param(3, None, marks=SLOW), pytest.param(3, PREFIXES, marks=SLOW)])
 def test_a_model_ensembled_with_itself_decodes_as_it_does_alone(beam, forced):
   config, params = translation_model(eos_bias=1.5)
   inputs = random_sources(4, 7, seed=2)
