@@ -126,6 +126,7 @@ class StopAfter(bulk.Stop):
     return super().poll(every)
 
 
+@pytest.mark.slow
 def test_another_target_language_is_refused(lm_export, prompts, tmp_path):
   """The language a many-to-many model is bound to is in the fingerprint:
   parts made for one are not joined with another's."""
@@ -146,6 +147,7 @@ def test_another_target_language_is_refused(lm_export, prompts, tmp_path):
                        provenance.model_identity(french), bulk.Stop())
 
 
+@pytest.mark.slow
 def test_a_tampered_chunk_is_decoded_again(lm_export, prompts, tmp_path,
                                            capfd, monkeypatch):
   out = tmp_path / 'out.jsonl'
@@ -194,6 +196,7 @@ def test_the_join_refuses_a_chunk_that_is_not_what_it_records(tmp_path):
           b'out 2.0\nout 2.1\nout 2.2\nout 2.3\n')
 
 
+@pytest.mark.slow
 def test_input_equal_to_output_is_refused(lm_export, prompts, capfd):
   before = prompts.read_bytes()
   status, _, errors = run(capfd, *generate_command(lm_export[0], prompts,
@@ -204,6 +207,7 @@ def test_input_equal_to_output_is_refused(lm_export, prompts, capfd):
   assert sorted(os.listdir(prompts.parent)) == ['prompts.txt']
 
 
+@pytest.mark.slow
 def test_chunk_files_are_synced_and_outputs_readable_as_the_umask_allows(
     lm_export, prompts, tmp_path, capfd, monkeypatch):
   synced = []

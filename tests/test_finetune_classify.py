@@ -163,6 +163,7 @@ def test_a_pair_is_cut_longest_first_keeping_each_end():
   assert labelled.cut_pair(ids, [0] * 8, 4) == ([10, 11, 12, 1], [0] * 4)
 
 
+@pytest.mark.slow
 def test_pair_tsv_batches_carry_the_token_types(data):
   root, paths = data
   config = load_config(CONFIGS['classification'], overrides(
@@ -324,6 +325,7 @@ def _error(capfd, data, tmp_path, task, extra=(), **files):
   return err[-1]
 
 
+@pytest.mark.slow
 def test_a_label_the_pretrained_head_lacks_is_named(data, tmp_path, capfd):
   root = data[0]
   dev = root / 'classification_dev.tsv'
