@@ -134,9 +134,11 @@ def param_shapes(directory: str) -> dict[tuple[str, ...], jax.ShapeDtypeStruct]:
 
 
 def running_mean(mean, params, count: int):
-  """The mean of `count` trees given that of the first count - 1. Exact
-  when all are equal."""
-  return jax.tree.map(lambda m, p: m + (p - m) / count, mean, params)
+  """The mean of `count` trees given that of the first count - 1, in their
+  dtypes (a quantized frozen kernel stays integer). Exact when all are
+  equal."""
+  return jax.tree.map(lambda m, p: (m + (p - m) / count).astype(m.dtype),
+                      mean, params)
 
 
 def mean_params(reader: Checkpointer, steps: list[int], abstract_params,
@@ -182,6 +184,8 @@ def step_to_export(reader: Checkpointer, step: int | None) -> int:
 def read_step(reader: Checkpointer, step: int, read):
   try:
     return read(step)
+  except CheckpointError:
+    raise  # Says already what is wrong (a base export that changed).
   except Exception as e:  # Orbax raises many types for damaged files.
     raise CheckpointError(
         f'Checkpoint {reader.step_directory(step)} cannot be read '

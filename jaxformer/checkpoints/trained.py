@@ -16,11 +16,13 @@ import ml_collections
 
 from jaxformer.checkpoints import manager as checkpoint_lib
 from jaxformer.checkpoints import exports
+from jaxformer.checkpoints import saved_state
 from jaxformer.parallel import mesh as mesh_lib
 from jaxformer.storage import paths
 from jaxformer.data.tokenizer import Tokenizer, from_serialized
 from jaxformer.model import config as model_config_lib
 from jaxformer.train import ema as ema_lib
+from jaxformer.train import frozen_base
 from jaxformer.train.run_spec import RunSpec
 from jaxformer.train.tasks import Task
 
@@ -74,14 +76,21 @@ def weights_of(directory: str, extra: dict, weights: str | None) -> str:
 
 def read_weights(reader, step: int, extra: dict, weights: str):
   """The parameters of `step` ('raw') or their moving average ('ema'), in
-  the parameters' dtypes and layout."""
-  abstract = _abstract_params_of(extra)
+  the parameters' dtypes and layout; those of an adapter checkpoint over
+  the frozen base of the export it names (`saved_state.py`)."""
+  run = _run_of(extra)
+  abstract = run.abstract_params()
+  base = extra.get(saved_state.BASE_KEY)
+  if base:
+    abstract = frozen_base.split(abstract)[0]
   if weights == 'raw':
-    return reader.restore_params(step, abstract)
-  as_float32 = jax.tree.map(lambda x: jax.ShapeDtypeStruct(
-      x.shape, 'float32', sharding=x.sharding), abstract)
-  return ema_lib.as_params(
-      reader.restore_params(step, as_float32, item='ema'), abstract)
+    params = reader.restore_params(step, abstract)
+  else:
+    as_float32 = jax.tree.map(lambda x: jax.ShapeDtypeStruct(
+        x.shape, 'float32', sharding=x.sharding), abstract)
+    params = ema_lib.as_params(
+        reader.restore_params(step, as_float32, item='ema'), abstract)
+  return saved_state.with_base(base, run, params) if base else params
 
 
 def _export_weights(directory: str, extra: dict, weights: str | None) -> str:
@@ -135,6 +144,8 @@ def load(directory: str, step: int | None = None,
     try:
       params = read_weights(reader, candidate, extra, chosen)
       model = _trained(params, extra, candidate, chosen)
+    except saved_state.BaseExportError:
+      raise  # Every step of the run names the same base.
     except Exception as e:  # A damaged step: try the previous one.
       errors.append(f'step {candidate}: {type(e).__name__}: {e}')
       continue

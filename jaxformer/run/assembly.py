@@ -11,6 +11,7 @@ import jax
 import ml_collections
 
 from jaxformer.checkpoints import manager as checkpoint_lib
+from jaxformer.checkpoints import saved_state as saved_state_lib
 from jaxformer.config import resume
 from jaxformer.data import language_tokenizer
 from jaxformer.data import task_batches
@@ -33,12 +34,14 @@ class Assembled:
   tokenizers: [source, target] (one object twice when joint).
   plan: this host's part of the run (`run/host_plan.py`).
   token_cache: where tokenized splits are kept (None: not kept).
+  saved_state: what the checkpoints hold of the train state.
   """
   spec: run_spec.RunSpec
   tokenizers: tuple[tokenizer_lib.Tokenizer, tokenizer_lib.Tokenizer]
   plan: host_plan.HostPlan
   token_cache: Any
   evaluator: Evaluator
+  saved_state: saved_state_lib.SavedState
 
 
 def assemble(config: ml_collections.ConfigDict, workdir: str,
@@ -63,12 +66,15 @@ def assemble(config: ml_collections.ConfigDict, workdir: str,
   spec = run_spec.RunSpec.build(
       config, run_spec.run_mesh(config, devices), tokenizers)
   plan = _resume_and_plan(spec, tuple(tokenizers), workdir, checkpoints)
+  saved_state = saved_state_lib.of_run(spec, checkpoints.newest_extra())
+  checkpoints.extra.update(saved_state.extra)
   token_cache = token_cache_lib.directory(spec.config.data, workdir)
   if agree and token_cache:
     token_cache = token_cache_lib.SharedCache(token_cache, agree)
   evaluator = Evaluator(spec, tokenizers, plan.share, token_cache, scorer)
   _check_splits(spec, evaluator, token_cache)
-  return Assembled(spec, tuple(tokenizers), plan, token_cache, evaluator)
+  return Assembled(spec, tuple(tokenizers), plan, token_cache, evaluator,
+                   saved_state)
 
 
 def _resume_and_plan(spec: run_spec.RunSpec, tokenizers, workdir: str,

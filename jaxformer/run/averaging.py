@@ -8,6 +8,7 @@ from jaxformer.checkpoints import exports
 from jaxformer.checkpoints import manager as checkpoint_lib
 from jaxformer.run.metrics import MetricsWriter
 from jaxformer.storage import paths
+from jaxformer.train import frozen_base
 from jaxformer.train.state import TrainState
 
 
@@ -22,11 +23,14 @@ def averaged(state: TrainState, step: int, last: int,
   if len(steps) < 2:
     log(f'Only the checkpoint of step {steps} exists: nothing to average.')
     return state
+  # A frozen base is the same in every step: only what trains is averaged.
+  trainable, frozen = frozen_base.split(state.params)
   abstract = jax.tree.map(
       lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=x.sharding),
-      state.params)
+      trainable)
   reader = checkpoint_lib.Checkpointer.reader(workdir)
-  state = state.replace(params=exports.mean_params(reader, steps, abstract))
+  state = state.replace(params=frozen_base.merge(
+      exports.mean_params(reader, steps, abstract), frozen))
   metrics = evaluate(state)
   writer.write(step, metrics, prefix='eval_average_')
   out = paths.join(workdir, f'average_{steps[0]}-{steps[-1]}')

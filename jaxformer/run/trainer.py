@@ -20,6 +20,7 @@ import time
 import jax
 import ml_collections
 
+from jaxformer.checkpoints import base_params
 from jaxformer.checkpoints import manager as checkpoint_lib
 from jaxformer.parallel import cluster
 from jaxformer.parallel import mesh as mesh_lib
@@ -29,7 +30,6 @@ from jaxformer.run import averaging
 from jaxformer.run import budget as budget_lib
 from jaxformer.run import goodput as goodput_lib
 from jaxformer.run import log_window
-from jaxformer.run import pretrained
 from jaxformer.run import tracing
 from jaxformer.run.hooks import Boundary, Hooks
 from jaxformer.run.loop import Loop, open_loop
@@ -79,6 +79,7 @@ class Trainer:
     self.source_tok, self.target_tok = run.tokenizers
     self.share, self.token_cache = run.plan.share, run.token_cache
     self.evaluator = run.evaluator
+    self.saved_state = run.saved_state
     self.result: TrainResult | None = None
     self.loop: Loop | None = None  # While `train()` runs.
     self.hooks = Hooks()
@@ -96,16 +97,16 @@ class Trainer:
 
   def initial_state(self) -> TrainState:
     """The latest good checkpoint's state, or a fresh one."""
-    restored = self.checkpoints.restore_latest(*self.spec.state_layout)
+    restored = self.checkpoints.restore_latest(*self.saved_state.layout)
     if restored is not None:
       self.log(f'Resuming from the checkpoint of step {int(restored.step)} '
                f'in {self.checkpoints.directory}.')
-      return restored
+      return self.saved_state.restored(restored)
     state = self.spec.init_state()
     start = self.config.init.pretrained
     if start:
       self.log(f'Starting from the parameters of {start}.')
-      state = state.started_from(pretrained.pretrained_params(
+      state = state.started_from(base_params.pretrained_params(
           start, self.spec, state.params))
     return state
 
@@ -256,16 +257,22 @@ class Trainer:
     self.loop.progress.log(f'step {boundary.step}: ' + ' '.join(
         f'eval_{k}={v:.4g}' for k, v in metrics.items()))
     boundary.metrics.update({f'eval_{k}': v for k, v in metrics.items()})
-    self.checkpoints.save(boundary.step, boundary.state, boundary.metrics,
-                          force=True)
+    self._checkpoint(boundary.step, boundary.state, boundary.metrics,
+                     force=True)
 
   def _save(self, boundary: Boundary) -> None:
     """The 'checkpoint' hook (a step saved already is left as it is)."""
-    self.checkpoints.save(boundary.step, boundary.state, boundary.metrics)
+    self._checkpoint(boundary.step, boundary.state, boundary.metrics)
+
+  def _checkpoint(self, step: int, state: TrainState, metrics: dict,
+                  force: bool = False) -> None:
+    """Starts saving what a checkpoint holds of `state`."""
+    self.checkpoints.save(step, self.saved_state.saved(state), metrics,
+                          force=force)
 
   def _stop(self, step: int, state: TrainState, stop: StopRequested) -> None:
     """A signal ends the run: the step is saved, and the way on said."""
-    self.checkpoints.save(step, state, self.loop.final, force=True)
+    self._checkpoint(step, state, self.loop.final, force=True)
     self.checkpoints.wait()
     self.loop.progress.close()
     self.log(f'{stop.signal_name} received: saved the checkpoint of step '

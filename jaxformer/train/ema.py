@@ -35,8 +35,10 @@ def warmed_decay(ema_decay: float, step: jax.Array) -> jax.Array:
 
 def initial(params: Any) -> Any:
   """The average before any step: the parameters, in float32 (works on
-  Flax's boxed parameters too, keeping their partitioning)."""
-  return jax.tree.map(lambda p: jnp.asarray(p, jnp.float32), params)
+  Flax's boxed parameters too, keeping their partitioning). Always a copy:
+  the step donates the state, and a float32 parameter and its average
+  must not share one buffer."""
+  return jax.tree.map(lambda p: jnp.array(p, jnp.float32, copy=True), params)
 
 
 def of(state) -> Any:

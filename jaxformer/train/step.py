@@ -106,9 +106,12 @@ def train_step(state: TrainState, batch: dict[str, jax.Array], *, task, model,
                             opt_state=_select(finite, opt_state,
                                               state.opt_state))
   if ema_lib.of(state) is not None:
-    new_state = new_state.replace(ema=_select(finite, ema_lib.updated(
-        state.ema, frozen_base.merge(trained, frozen), ema_decay, state.step),
-                                              state.ema))
+    # The frozen base's average is the base itself: only the trainable
+    # part's moves (so an adapter checkpoint need not hold it).
+    ema_trainable, ema_frozen = frozen_base.split(state.ema)
+    new_state = new_state.replace(ema=frozen_base.merge(_select(
+        finite, ema_lib.updated(ema_trainable, trained, ema_decay,
+                                state.step), ema_trainable), ema_frozen))
   metrics.update(grad_norm=grad_norm, learning_rate=schedule(state.step),
                  finite=finite.astype(jnp.float32))
   return new_state, metrics
