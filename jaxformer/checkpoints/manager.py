@@ -1,9 +1,10 @@
 """Checkpoints with Orbax: DIR/checkpoints/<step>/{state, extra}.
 
-`state` is the TrainState (params, optimizer state, step, RNG), restored into
-whatever mesh the restoring run uses. `extra` is JSON: the resolved config,
-the tokenizers (serialized SentencePiece models) and the metrics of that
-step. The data stream is addressed by step, so the step is its position.
+`state` is the TrainState (all of it but a LoRA fine-tune's frozen base:
+`saved_state.py`), restored into whatever mesh the restoring run uses.
+`extra` is JSON: the resolved config, the tokenizers (serialized
+SentencePiece models), the metrics of that step and, for a LoRA fine-tune,
+its base export. The data stream is addressed by step (its position).
 Orbax writes each step into a temporary directory and renames it when
 complete, so a half-written step is never taken for a good one.
 
