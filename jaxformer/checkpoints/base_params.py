@@ -6,7 +6,7 @@ lacks and the adapters are the run's fresh ones; a quantized frozen base
 
 The run layer starts a fine-tune from these (`run/pretrained.py`); a
 fine-tune's adapter checkpoints rebuild their frozen base from them
-(`adapter_checkpoints.py`).
+(`saved_state.py`).
 """
 import dataclasses
 from typing import Any
