@@ -16,6 +16,7 @@ import subprocess
 import sys
 import time
 
+import cpu_devices
 import pytest
 
 from jaxformer.cli import main as cli
@@ -125,7 +126,7 @@ def start_two(environment, command) -> list[subprocess.Popen]:
   return [subprocess.Popen(command, env=dict(
       environment, JAX_COORDINATOR_ADDRESS=f'127.0.0.1:{port}',
       JAX_NUM_PROCESSES='2', JAX_PROCESS_ID=str(index), JAX_PLATFORMS='cpu',
-      XLA_FLAGS='--xla_force_host_platform_device_count=1'),
+      XLA_FLAGS=cpu_devices.xla_flags(1)),
       stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
       for index in range(2)]
 

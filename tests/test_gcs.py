@@ -14,6 +14,7 @@ import subprocess
 import sys
 import time
 
+import cpu_devices
 import gcs_emulator as emulator
 import numpy as np
 import plain_install
@@ -106,7 +107,7 @@ def committed_steps(workdir: str) -> list[int]:
 def environment(process_environment, gcs_emulator):
   cache = process_environment['JAXFORMER_COMPILATION_CACHE']
   return dict(plain_install.environment(os.environ), **gcs_emulator,
-              XLA_FLAGS='--xla_force_host_platform_device_count=2',
+              XLA_FLAGS=cpu_devices.xla_flags(2),
               JAXFORMER_COMPILATION_CACHE=cache,
               JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS='0',
               TF_CPP_MIN_LOG_LEVEL='2', PYTHONPATH=str(REPO))

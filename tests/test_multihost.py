@@ -15,6 +15,7 @@ import subprocess
 import sys
 import time
 
+import cpu_devices
 import jax
 import numpy as np
 import pytest
@@ -288,7 +289,7 @@ def process_env(port: int, index: int, count: int = 2,
   return dict(os.environ, JAX_COORDINATOR_ADDRESS=f'127.0.0.1:{port}',
               JAX_NUM_PROCESSES=str(count), JAX_PROCESS_ID=str(index),
               JAX_PLATFORMS='cpu',
-              XLA_FLAGS=f'--xla_force_host_platform_device_count={devices}')
+              XLA_FLAGS=cpu_devices.xla_flags(devices))
 
 
 def train(workdir, processes: int, devices: int, steps: int, *overrides,
@@ -332,7 +333,7 @@ def test_one_and_two_processes_read_the_same_global_batches(tmp_path):
   single = subprocess.run(
       [*script, str(tmp_path / 'cache1'), str(tmp_path / 'one.npz')],
       env=dict(os.environ, JAX_PLATFORMS='cpu',
-               XLA_FLAGS='--xla_force_host_platform_device_count=4'),
+               XLA_FLAGS=cpu_devices.xla_flags(4)),
       capture_output=True, text=True, timeout=RUN_TIMEOUT)
   assert single.returncode == 0, single.stderr[-4000:]
   one = np.load(tmp_path / 'one.npz')

@@ -14,6 +14,7 @@ import shutil
 import signal
 import time
 
+import cpu_devices
 import pytest
 
 from jaxformer.checkpoints import trained
@@ -41,7 +42,7 @@ def environment():
   the reference did, so the reference's duration scales the moments of a
   signal (with a cache, later runs skip the compile and end before them)."""
   return dict(os.environ,
-              XLA_FLAGS='--xla_force_host_platform_device_count=2',
+              XLA_FLAGS=cpu_devices.xla_flags(2),
               JAXFORMER_COMPILATION_CACHE='off', TF_CPP_MIN_LOG_LEVEL='2')
 
 

@@ -13,6 +13,7 @@ import sys
 import time
 from collections.abc import Callable
 
+import cpu_devices
 import filelock
 
 from jaxformer.cli import main as cli
@@ -64,7 +65,7 @@ def process_environment(tmp_path_factory, **extra: str) -> dict[str, str]:
   cache = run_root(tmp_path_factory) / 'xla'
   cache.mkdir(mode=0o700, exist_ok=True)
   return dict(os.environ,
-              XLA_FLAGS='--xla_force_host_platform_device_count=2',
+              XLA_FLAGS=cpu_devices.xla_flags(2),
               JAXFORMER_COMPILATION_CACHE=str(cache),
               JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS='0',
               TF_CPP_MIN_LOG_LEVEL='2', **extra)
