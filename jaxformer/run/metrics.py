@@ -16,11 +16,16 @@ from jaxformer.storage import paths
 
 
 class EventFile:
-  """A TensorBoard event file of scalars: TFRecords of `Event` protos (the
-  protos and CRC of tensorboardX), written through jaxformer.storage.paths."""
+  """A TensorBoard event file of scalars: TFRecords of TensorFlow's `Event`
+  protos, written through jaxformer.storage.paths.
+
+  TensorFlow is already imported by the commands that train (tf.data);
+  tensorboardX, which wrote these before, imported torch at start-up where
+  it is installed (1.2 s of every training process)."""
 
   def __init__(self, directory: str):
-    from tensorboardX.proto import event_pb2, summary_pb2
+    from tensorflow.core.framework import summary_pb2
+    from tensorflow.core.util import event_pb2
     self._event_pb2, self._summary_pb2 = event_pb2, summary_pb2
     # Zero-padded, so that a restart within the same second sorts after
     # the part before it (TensorBoard reads the parts in name order).
@@ -32,14 +37,13 @@ class EventFile:
                                 file_version='brain.Event:2'))
 
   def scalars(self, step: int, values: dict[str, float]) -> None:
-    from tensorboardX.summary import scalar
-    summaries = [scalar(key, value).value[0] for key, value in values.items()]
-    self._write(self._event_pb2.Event(
-        wall_time=time.time(), step=int(step),
-        summary=self._summary_pb2.Summary(value=summaries)))
+    summary = self._summary_pb2.Summary(value=[
+        self._summary_pb2.Summary.Value(tag=key, simple_value=float(value))
+        for key, value in values.items()])
+    self._write(self._event_pb2.Event(wall_time=time.time(), step=int(step),
+                                      summary=summary))
 
   def _write(self, event) -> None:
-    from tensorboardX.record_writer import masked_crc32c
     data = event.SerializeToString()
     header = struct.pack('<Q', len(data))
     self._file.append(header + struct.pack('<I', masked_crc32c(header))
@@ -47,6 +51,13 @@ class EventFile:
 
   def close(self) -> None:
     self._file.close()
+
+
+def masked_crc32c(data: bytes) -> int:
+  """The CRC-32C of `data`, masked as TFRecord files store it."""
+  import google_crc32c
+  crc = google_crc32c.value(data)
+  return (((crc >> 15) | (crc << 17)) + 0xa282ead8) & 0xffffffff
 
 
 class MetricsWriter:
