@@ -97,8 +97,9 @@ def reference(workdir, corpus, environment, tmp_path_factory) -> bytes:
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize('processes, devices',
-                         [(1, 2), (2, 1), (2, 2), (4, 1), (4, 2)])
+# One process of two devices, two of one, four of two: each shares the
+# chunks out differently from the reference's one process of one device.
+@pytest.mark.parametrize('processes, devices', [(1, 2), (2, 1), (4, 2)])
 def test_every_layout_writes_the_same_file(workdir, corpus, environment,
                                            reference, tmp_path, processes,
                                            devices):
