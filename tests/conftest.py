@@ -1,14 +1,11 @@
 """Every test process sees 8 fake CPU devices, so sharded layouts can be
-compared with the single-device result in one process, and compiles at
-XLA's lowest backend optimisation level (tests/cpu_devices.py)."""
+compared with the single-device result in one process."""
 import os
 import tempfile
 
 import pytest
 
-import cpu_devices
-
-os.environ.setdefault('XLA_FLAGS', cpu_devices.xla_flags(8))
+os.environ.setdefault('XLA_FLAGS', '--xla_force_host_platform_device_count=8')
 os.environ.setdefault('TF_CPP_MIN_LOG_LEVEL', '2')
 # With libtpu installed (the tpu extra), every test process loads it; let
 # them all, and the compile-only client of test_compile, load it at once.

@@ -55,12 +55,10 @@ def corpus(tmp_path_factory) -> pathlib.Path:
 
 @pytest.fixture(scope='module')
 def environment(process_environment) -> dict:
-  """The processes' environment: this checkout, and the compilation cache
-  that the test run's processes share."""
-  cache = process_environment['JAXFORMER_COMPILATION_CACHE']
-  return dict(os.environ, PYTHONPATH=str(REPO),
-              JAXFORMER_COMPILATION_CACHE=cache,
-              JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS='0')
+  """The processes' environment (trained_runs.process_environment: the
+  compilation cache that the test run's processes share), with this
+  checkout."""
+  return dict(process_environment, PYTHONPATH=str(REPO))
 
 
 def translate_command(workdir, source, out, *extra) -> list[str]:

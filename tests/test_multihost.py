@@ -36,6 +36,19 @@ QUICK = ['--config.train.log_every=1', '--config.eval.every=0',
 RUN_TIMEOUT = 1200  # seconds; generous for a loaded 2-core machine
 
 
+@pytest.fixture(scope='module', autouse=True)
+def shared_compilation_cache(process_environment):
+  """Every process these tests start (through launch/local.sh, which sets
+  its own device count, or directly) compiles as tests/cpu_devices.py says
+  and uses the test run's compilation cache: runs of the same layout load
+  the programs the first one compiled."""
+  with pytest.MonkeyPatch.context() as patch:
+    for name in ('XLA_FLAGS', 'JAXFORMER_COMPILATION_CACHE',
+                 'JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS'):
+      patch.setenv(name, process_environment[name])
+    yield
+
+
 # -------------------------------------------- which processes join a runtime
 
 

@@ -149,14 +149,16 @@ TRAIN = ['--config', 'configs/quickstart.py:runlocal',
 
 
 @pytest.mark.slow
-def test_two_concurrent_trainings_in_one_workdir(tmp_path):
+def test_two_concurrent_trainings_in_one_workdir(tmp_path,
+                                                 process_environment):
   """Two `jaxformer train` started together on one workdir (with other
   learning rates): one is refused with 1 and writes nothing; the other's
   checkpoints are those of the same run alone."""
   import jax
   import numpy as np
   from jaxformer.checkpoints import trained
-  environment = dict(os.environ, PYTHONPATH=str(REPO))
+  # The run alone loads the programs the one that was not refused compiled.
+  environment = dict(process_environment, PYTHONPATH=str(REPO))
   workdir = tmp_path / 'shared'
   runs = [subprocess.Popen(
       [sys.executable, '-m', 'jaxformer', 'train', *TRAIN, '--workdir',
