@@ -76,10 +76,15 @@ elif verb == 'ssh':
   worker = next(a for a in sys.argv if a.startswith('--worker='))[9:]
   workers = range(int(os.environ['FAKE_WORKERS'])) if worker == 'all' else [
       int(worker)]
-  if take(kind + '_shut_down', False):  # SIGTERM to every worker's run.
-    for index in range(int(os.environ['FAKE_WORKERS'])):
+  if take(kind + '_shut_down', False):  # SIGTERM to every worker's run,
+    for index in range(int(os.environ['FAKE_WORKERS'])):  # once it started
       run_dir = os.path.join(os.environ['FAKE_WORKERS_DIR'], f'worker{index}',
-                             'jaxformer-run')
+                             'jaxformer-run')  # (said hello: its handler set).
+      log = os.path.join(run_dir, 'train.log')
+      deadline = time.monotonic() + 30
+      while time.monotonic() < deadline and 'hello from' not in (
+          open(log).read() if os.path.exists(log) else ''):
+        time.sleep(0.05)
       os.killpg(int(open(os.path.join(run_dir, 'pid')).read()), signal.SIGTERM)
     time.sleep(1)
   for index in workers:
