@@ -1,11 +1,13 @@
 """Every test process sees 8 fake CPU devices, so sharded layouts can be
-compared with the single-device result in one process."""
+compared with the single-device result in one process; it compiles as the
+`jaxformer` processes it starts do (tests/cpu_devices.py)."""
 import os
 import tempfile
 
+import cpu_devices
 import pytest
 
-os.environ.setdefault('XLA_FLAGS', '--xla_force_host_platform_device_count=8')
+os.environ.setdefault('XLA_FLAGS', cpu_devices.xla_flags(8))
 os.environ.setdefault('TF_CPP_MIN_LOG_LEVEL', '2')
 # With libtpu installed (the tpu extra), every test process loads it; let
 # them all, and the compile-only client of test_compile, load it at once.

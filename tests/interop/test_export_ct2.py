@@ -46,7 +46,7 @@ def padded(sentences) -> np.ndarray:
 
 @pytest.mark.slow
 @pytest.mark.parametrize('name', CONFIGS)
-def test_greedy_outputs_equal_and_scores_within_1e_5(name, tok, tmp_path):
+def test_greedy_outputs_equal_and_scores_within_2e_5(name, tok, tmp_path):
   options, seed = CONFIGS[name]
   model = export_models.model(tok, seed=seed, scale=1.5, **options)
   translator = ctranslate2.Translator(ct2.export(model, str(tmp_path / 'ct2')),
@@ -73,8 +73,9 @@ def test_greedy_outputs_equal_and_scores_within_1e_5(name, tok, tmp_path):
           i, np.arange(len(target) + 1), target + [1]])
       for i, (score, target) in enumerate(zip(scores, targets))]
   for score, target, difference in zip(scores, targets, differences):
-    # 1e-5 per token, relative where |log p| > 1 (float32 rounding).
-    assert np.all(difference <= 1e-5 * np.maximum(1, np.abs(score.log_probs)))
+    # 2e-5 per token, relative where |log p| > 1 (float32 rounding: 1.2e-5
+    # seen with XLA's lowest optimisation level, tests/cpu_devices.py).
+    assert np.all(difference <= 2e-5 * np.maximum(1, np.abs(score.log_probs)))
 
 
 def test_write_folder_leaves_nothing_when_writing_fails(tmp_path):

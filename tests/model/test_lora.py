@@ -160,7 +160,7 @@ def test_adapters_under_scan_remat_and_kernels(layout):
                                                     config.num_decoder_layers)}
   np.testing.assert_allclose(
       outputs('language_model', config, params, batch),
-      outputs('language_model', plain, unrolled, batch), atol=2e-5)
+      outputs('language_model', plain, unrolled, batch), atol=5e-5)
 
 
 def test_config_dict_round_trip():
