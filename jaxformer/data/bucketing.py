@@ -96,6 +96,8 @@ def bucketed_dataset(examples: TokenizedSplit, data_config, start_step: int,
         num_batches, epochs.epoch_seed(data_config.seed, epoch, 1), shuffle)
     return by_bucket, batch_order
 
+  # Graph ops only: autograph would rewrite it for nothing (start-up time).
+  @tf.autograph.experimental.do_not_convert
   def make_batch(plan, batch_number):
     by_bucket, batch_order = plan
     bucket, first, count = tf.unstack(batch_table[batch_order[batch_number]])

@@ -64,7 +64,8 @@ def planned_counts(first_epoch: int, batches_in_epoch, num_examples: int
   parallel = max(1, min(os.cpu_count() or 1,
                         PLAN_EXAMPLES // max(num_examples, 1)))
   counts = tf.data.Dataset.range(first_epoch, np.iinfo(np.int64).max).map(
-      batches_in_epoch, num_parallel_calls=parallel)
+      tf.autograph.experimental.do_not_convert(batches_in_epoch),
+      num_parallel_calls=parallel)
   yield from enumerate(counts.as_numpy_iterator(), start=first_epoch)
 
 
@@ -72,6 +73,8 @@ def batches_from(first_epoch: int, first_batch: int, epoch_plan,
                  batches_of_epoch, record=None) -> tf.data.Dataset:
   """Plan elements of every epoch from `first_epoch`, skipping `first_batch`;
   `record(epoch, batches)`, if given, is told each epoch's count."""
+  # Graph ops only: autograph would rewrite them for nothing (start-up time).
+  @tf.autograph.experimental.do_not_convert
   def batches(epoch):
     plan = epoch_plan(epoch)
     count = batches_of_epoch(plan)
@@ -81,6 +84,7 @@ def batches_from(first_epoch: int, first_batch: int, epoch_plan,
           [epoch, count], tf.int64, stateful=True), [])
     first = tf.where(epoch == first_epoch, tf.constant(first_batch, tf.int64), 0)
     batch_numbers = tf.data.Dataset.range(first, count)
-    return batch_numbers.map(lambda number: (plan, number))
+    return batch_numbers.map(tf.autograph.experimental.do_not_convert(
+        lambda number: (plan, number)))
 
   return tf.data.Dataset.range(first_epoch, np.iinfo(np.int64).max).flat_map(batches)

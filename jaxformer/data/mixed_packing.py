@@ -166,6 +166,8 @@ def mixed_dataset(splits: list[TokenizedSplit],
   examples = concatenate(splits)
   max_source, max_target = data_config.max_source_length, data_config.max_target_length
 
+  # Graph ops only: autograph would rewrite it for nothing (start-up time).
+  @tf.autograph.experimental.do_not_convert
   def make_batch(ids, rows, drawn):
     source, target = gather_examples(examples, ids)
     batch = pack_into_rows(source, target, rows, local_rows, max_source,

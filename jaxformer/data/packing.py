@@ -62,7 +62,7 @@ def greedy_row_starts(source_lengths: tf.Tensor, target_lengths: tf.Tensor,
   return tf.boolean_mask(starts, starts < num_examples)
 
 
-@tf.function(input_signature=[
+@tf.function(autograph=False, input_signature=[
     tf.TensorSpec([None], tf.int32), tf.TensorSpec([None], tf.int32),
     tf.TensorSpec([], tf.int32), tf.TensorSpec([], tf.int32),
     tf.TensorSpec([2], tf.int64), tf.TensorSpec([], tf.bool)])
@@ -120,6 +120,8 @@ def packed_dataset(examples: TokenizedSplit, data_config, start_step: int,
     return pack_into_rows(source, target, row_of_example, rows, max_source,
                           max_target)
 
+  # Graph ops only: autograph would rewrite it for nothing (start-up time).
+  @tf.autograph.experimental.do_not_convert
   def make_batch(plan, batch_number):
     return concat_blocks([make_block(plan, batch_number, offset, rows)
                           for offset, rows in share.row_ranges(batch_size)])

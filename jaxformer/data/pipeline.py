@@ -228,6 +228,8 @@ def translation_eval_batches(
                                     constant_values=-1)
     return batch
 
+  # Graph ops only: autograph would rewrite it for nothing (start-up time).
+  @tf.autograph.experimental.do_not_convert
   def make_batch(batch_number):
     return concat_blocks([make_block(batch_number, offset, rows)
                           for offset, rows in share.row_ranges(global_rows)])
