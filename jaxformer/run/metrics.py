@@ -10,6 +10,7 @@ import struct
 import sys
 import time
 
+import google_crc32c
 import numpy as np
 
 from jaxformer.storage import paths
@@ -55,7 +56,6 @@ class EventFile:
 
 def masked_crc32c(data: bytes) -> int:
   """The CRC-32C of `data`, masked as TFRecord files store it."""
-  import google_crc32c
   crc = google_crc32c.value(data)
   return (((crc >> 15) | (crc << 17)) + 0xa282ead8) & 0xffffffff
 
