@@ -14,7 +14,6 @@ import subprocess
 import sys
 import time
 
-import cpu_devices
 import gcs_emulator as emulator
 import numpy as np
 import plain_install
@@ -105,12 +104,11 @@ def committed_steps(workdir: str) -> list[int]:
 
 @pytest.fixture(scope='module')
 def environment(process_environment, gcs_emulator):
-  cache = process_environment['JAXFORMER_COMPILATION_CACHE']
+  settings = {name: process_environment[name] for name in (
+      'XLA_FLAGS', 'JAXFORMER_COMPILATION_CACHE',
+      'JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS', 'TF_CPP_MIN_LOG_LEVEL')}
   return dict(plain_install.environment(os.environ), **gcs_emulator,
-              XLA_FLAGS=cpu_devices.xla_flags(2),
-              JAXFORMER_COMPILATION_CACHE=cache,
-              JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS='0',
-              TF_CPP_MIN_LOG_LEVEL='2', PYTHONPATH=str(REPO))
+              **settings, PYTHONPATH=str(REPO))
 
 
 @pytest.fixture(scope='module')

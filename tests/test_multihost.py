@@ -37,7 +37,7 @@ RUN_TIMEOUT = 1200  # seconds; generous for a loaded 2-core machine
 
 
 @pytest.fixture(scope='module', autouse=True)
-def shared_compilation_cache(process_environment):
+def process_settings(process_environment):
   """Every process these tests start (through launch/local.sh, which sets
   its own device count, or directly) compiles as tests/cpu_devices.py says
   and uses the test run's compilation cache: runs of the same layout load
