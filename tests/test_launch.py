@@ -76,10 +76,12 @@ elif verb == 'ssh':
   worker = next(a for a in sys.argv if a.startswith('--worker='))[9:]
   workers = range(int(os.environ['FAKE_WORKERS'])) if worker == 'all' else [
       int(worker)]
-  if take(kind + '_shut_down', False):  # SIGTERM to every worker's run,
-    for index in range(int(os.environ['FAKE_WORKERS'])):  # once it started
+  # SIGTERM to every worker's run once it has started (said hello: its
+  # handler is set).
+  if take(kind + '_shut_down', False):
+    for index in range(int(os.environ['FAKE_WORKERS'])):
       run_dir = os.path.join(os.environ['FAKE_WORKERS_DIR'], f'worker{index}',
-                             'jaxformer-run')  # (said hello: its handler set).
+                             'jaxformer-run')
       log = os.path.join(run_dir, 'train.log')
       deadline = time.monotonic() + 30
       while time.monotonic() < deadline and 'hello from' not in (
