@@ -18,6 +18,7 @@ import gcs_emulator as emulator
 import numpy as np
 import plain_install
 import pytest
+import trained_runs
 
 from jaxformer.cli import main as cli
 from jaxformer.storage import paths
@@ -103,12 +104,10 @@ def committed_steps(workdir: str) -> list[int]:
 
 
 @pytest.fixture(scope='module')
-def environment(process_environment, gcs_emulator):
-  settings = {name: process_environment[name] for name in (
-      'XLA_FLAGS', 'JAXFORMER_COMPILATION_CACHE',
-      'JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS', 'TF_CPP_MIN_LOG_LEVEL')}
+def environment(tmp_path_factory, gcs_emulator):
   return dict(plain_install.environment(os.environ), **gcs_emulator,
-              **settings, PYTHONPATH=str(REPO))
+              **trained_runs.process_settings(tmp_path_factory),
+              PYTHONPATH=str(REPO))
 
 
 @pytest.fixture(scope='module')

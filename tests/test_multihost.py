@@ -19,6 +19,7 @@ import cpu_devices
 import jax
 import numpy as np
 import pytest
+import trained_runs
 
 from jaxformer.config import settings as config_lib
 from jaxformer.parallel import peers
@@ -37,15 +38,15 @@ RUN_TIMEOUT = 1200  # seconds; generous for a loaded 2-core machine
 
 
 @pytest.fixture(scope='module', autouse=True)
-def process_settings(process_environment):
+def process_settings(tmp_path_factory):
   """Every process these tests start (through launch/local.sh, which sets
   its own device count, or directly) compiles as tests/cpu_devices.py says
   and uses the test run's compilation cache: runs of the same layout load
   the programs the first one compiled."""
   with pytest.MonkeyPatch.context() as patch:
-    for name in ('XLA_FLAGS', 'JAXFORMER_COMPILATION_CACHE',
-                 'JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS'):
-      patch.setenv(name, process_environment[name])
+    for name, value in trained_runs.process_settings(
+        tmp_path_factory).items():
+      patch.setenv(name, value)
     yield
 
 

@@ -57,18 +57,24 @@ def shared(tmp_path_factory, name: str,
   return folder
 
 
-def process_environment(tmp_path_factory, **extra: str) -> dict[str, str]:
-  """The environment of a `jaxformer` process: two CPU devices, and the
-  compilation cache that every process of this test run shares (every
-  program written, however quick its compile). Tests of compiling itself
-  set their own (test_preemption, test_compilation_cache)."""
+def process_settings(tmp_path_factory) -> dict[str, str]:
+  """The variables a `jaxformer` process of the tests gets: two CPU devices
+  (tests/cpu_devices.py), and the compilation cache that every process of
+  this test run shares (every program written, however quick its compile).
+  Tests of compiling itself set their own (test_preemption,
+  test_compilation_cache)."""
   cache = run_root(tmp_path_factory) / 'xla'
   cache.mkdir(mode=0o700, exist_ok=True)
-  return dict(os.environ,
-              XLA_FLAGS=cpu_devices.xla_flags(2),
+  return dict(XLA_FLAGS=cpu_devices.xla_flags(2),
               JAXFORMER_COMPILATION_CACHE=str(cache),
               JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS='0',
-              TF_CPP_MIN_LOG_LEVEL='2', **extra)
+              TF_CPP_MIN_LOG_LEVEL='2')
+
+
+def process_environment(tmp_path_factory, **extra: str) -> dict[str, str]:
+  """The environment of a `jaxformer` process: this one's, with the
+  `process_settings`."""
+  return dict(os.environ, **process_settings(tmp_path_factory), **extra)
 
 
 def train_process(workdir: pathlib.Path, config: str, flags, environment,
